@@ -1,0 +1,171 @@
+// CPU top-k for both operators: per row, an exact radix select on the ordered key (one
+// histogram pass over the row, then passes over the shrinking set that shares the
+// boundary's prefix), then one pass that takes every key above the k-th largest and, of
+// the keys equal to it, the lowest columns. O(n) per row, never a sort of the row; rows
+// are spread over the host's cores.
+#include "topk_cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <iterator>
+#include <thread>
+#include <vector>
+
+#include "topk_common.h"
+
+namespace jax_topk {
+namespace {
+
+// How each score type reads as an ordered key, and the radix digits (high to low) that
+// cover that key.
+struct Bf16Scores {
+  using Bits = uint16_t;
+  static constexpr int kDigitBits[] = {8, 8};
+  static bool IsNan(Bits bits) { return IsNanBf16(bits); }
+  static uint32_t Key(Bits bits) { return OrderedKeyBf16(bits); }
+  static constexpr int kKeyBits = 16;
+};
+struct F32Scores {
+  using Bits = uint32_t;
+  static constexpr int kDigitBits[] = {11, 11, 10};
+  static bool IsNan(Bits bits) { return IsNanF32(bits); }
+  static uint32_t Key(Bits bits) { return OrderedKeyF32(bits); }
+  static constexpr int kKeyBits = 32;
+};
+
+struct Selected {
+  uint32_t key;
+  int32_t column;
+};
+
+// Per-thread buffers, reused across the rows a thread handles.
+struct RowScratch {
+  std::vector<uint32_t> boundary_keys;  // keys sharing the boundary's prefix so far
+  std::vector<uint32_t> histogram;
+  std::vector<Selected> selected;
+};
+
+// Walks a histogram from the top bin down to the bin holding the `needed`-th largest key;
+// returns that bin and leaves in `needed` how many to take from it.
+uint32_t BoundaryBin(const std::vector<uint32_t>& histogram, int64_t* needed) {
+  uint32_t bin = static_cast<uint32_t>(histogram.size()) - 1;
+  for (; histogram[bin] < *needed; --bin) *needed -= histogram[bin];
+  return bin;
+}
+
+template <typename Scores>
+void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool sorted,
+               RowScratch& scratch, int32_t* columns_out) {
+  // Pass 1 over the row: histogram of the top digit of every candidate's key.
+  constexpr int kTopBits = Scores::kDigitBits[0];
+  constexpr int kTopShift = Scores::kKeyBits - kTopBits;
+  scratch.histogram.assign(size_t{1} << kTopBits, 0);
+  int64_t candidates = 0;
+  for (int64_t j = 0; j < length; ++j) {
+    if (Scores::IsNan(row[j])) continue;
+    ++scratch.histogram[Scores::Key(row[j]) >> kTopShift];
+    ++candidates;
+  }
+  const bool take_all = candidates <= k;
+  uint32_t boundary_key = 0;
+  int64_t equal_quota = 0;  // how many keys equal to boundary_key are taken
+  if (!take_all) {
+    // Pass 2: keep the keys in the boundary bin, then refine digit by digit among them.
+    int64_t needed = k;
+    const uint32_t top_bin = BoundaryBin(scratch.histogram, &needed);
+    std::vector<uint32_t>& keys = scratch.boundary_keys;
+    keys.clear();
+    for (int64_t j = 0; j < length; ++j) {
+      if (Scores::IsNan(row[j])) continue;
+      const uint32_t key = Scores::Key(row[j]);
+      if ((key >> kTopShift) == top_bin) keys.push_back(key);
+    }
+    int shift = kTopShift;
+    for (size_t d = 1; d < std::size(Scores::kDigitBits); ++d) {
+      const int digit_bits = Scores::kDigitBits[d];
+      const uint32_t mask = (1u << digit_bits) - 1;
+      shift -= digit_bits;
+      scratch.histogram.assign(size_t{1} << digit_bits, 0);
+      for (uint32_t key : keys) ++scratch.histogram[(key >> shift) & mask];
+      const uint32_t bin = BoundaryBin(scratch.histogram, &needed);
+      size_t kept = 0;
+      for (uint32_t key : keys) {
+        if (((key >> shift) & mask) == bin) keys[kept++] = key;
+      }
+      keys.resize(kept);
+    }
+    boundary_key = keys.front();  // every key left is the k-th largest
+    equal_quota = needed;
+  }
+
+  // Pass 3: everything above the boundary, and the lowest columns equal to it.
+  std::vector<Selected>& selected = scratch.selected;
+  selected.clear();
+  for (int64_t j = 0; j < length; ++j) {
+    if (Scores::IsNan(row[j])) continue;
+    const uint32_t key = Scores::Key(row[j]);
+    if (take_all || key > boundary_key || (key == boundary_key && equal_quota-- > 0)) {
+      selected.push_back({key, static_cast<int32_t>(j)});
+    }
+  }
+  if (sorted) {  // rank order: key descending; stable keeps equal keys by ascending column
+    std::stable_sort(selected.begin(), selected.end(),
+                     [](const Selected& a, const Selected& b) { return a.key > b.key; });
+  }
+  int32_t slot = 0;
+  for (const Selected& s : selected) columns_out[slot++] = s.column;
+  for (; slot < k; ++slot) columns_out[slot] = kEmptySlot;
+}
+
+template <typename Scores>
+void TopkRows(const TopkProblem& p, int64_t first_row, int64_t end_row, RowScratch& scratch) {
+  const auto* scores = static_cast<const typename Scores::Bits*>(p.scores);
+  for (int64_t r = first_row; r < end_row; ++r) {
+    int32_t* out = p.out + r * p.k;
+    if (!RowIsValid(r, p.num_valid_rows, p.rows_per_group)) {
+      std::fill(out, out + p.k, kEmptySlot);
+      continue;
+    }
+    const int64_t length = ClampLength(p.lengths[r], p.width);
+    SelectRow<Scores>(scores + r * p.width, length, p.k, p.sorted, scratch, out);
+    if (p.page_table == nullptr) continue;
+    const int32_t* table_row = p.page_table + TableRowFor(r, p.table_rows, p.table_count) * p.pages;
+    for (int32_t s = 0; s < p.k && out[s] != kEmptySlot; ++s) {
+      out[s] = PageTransform(out[s], table_row, p.log2_page_size);
+    }
+  }
+}
+
+// Rows are handed out in small chunks from an atomic counter, so uneven lengths balance.
+template <typename Scores>
+void TopkParallel(const TopkProblem& p) {
+  constexpr int64_t kMinElementsPerThread = 1 << 16;
+  constexpr int64_t kRowsPerChunk = 4;
+  const int64_t work = p.rows * std::max<int64_t>(p.width, 1);
+  const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t threads = std::clamp<int64_t>(work / kMinElementsPerThread, 1, hardware);
+  std::atomic<int64_t> next_row{0};
+  auto worker = [&]() {
+    RowScratch scratch;
+    for (;;) {
+      const int64_t first = next_row.fetch_add(kRowsPerChunk);
+      if (first >= p.rows) return;
+      TopkRows<Scores>(p, first, std::min(first + kRowsPerChunk, p.rows), scratch);
+    }
+  };
+  if (threads == 1) {
+    worker();
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
+
+void TopkBf16Cpu(const TopkProblem& problem) { TopkParallel<Bf16Scores>(problem); }
+void TopkFilteredCpu(const TopkProblem& problem) { TopkParallel<F32Scores>(problem); }
+
+}  // namespace jax_topk

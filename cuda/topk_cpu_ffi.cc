@@ -1,0 +1,49 @@
+// XLA FFI bindings of the CPU handlers, and the nanobind module that hands them to JAX.
+#include <cstdint>
+
+#include "nanobind/nanobind.h"
+#include "topk_cpu.h"
+#include "topk_ffi.h"
+#include "topk_filtered_workspace.h"
+
+namespace nb = nanobind;
+
+namespace jax_topk {
+namespace {
+
+template <ffi::DataType ScoreType, void (*Algorithm)(const TopkProblem&)>
+ffi::Error TopkCpu(ffi::Buffer<ScoreType> scores, Int32Buffer lengths, Int32Buffer page_table,
+                   Int32Buffer table_rows, Int32Buffer num_valid_rows,
+                   ffi::Result<Int32Buffer> out, int32_t k, int32_t log2_page_size, bool sorted,
+                   bool has_page_table, bool has_table_rows, bool has_num_valid_rows,
+                   int64_t rows_per_group) {
+  TopkProblem problem;
+  ffi::Error error = DecodeTopkProblem<ScoreType>(
+      scores, lengths, page_table, table_rows, num_valid_rows, out, k, log2_page_size, sorted,
+      has_page_table, has_table_rows, has_num_valid_rows, rows_per_group, &problem);
+  if (error.failure()) return error;
+  Algorithm(problem);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkBf16CpuHandler, (TopkCpu<ffi::BF16, TopkBf16Cpu>),
+                              BindTopkOperands<ffi::BF16>(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkFilteredCpuHandler, (TopkCpu<ffi::F32, TopkFilteredCpu>),
+                              BindTopkOperands<ffi::F32>(ffi::Ffi::Bind()));
+
+}  // namespace jax_topk
+
+NB_MODULE(_jax_topk_cpu, m) {
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets["jax_topk_bf16"] = nb::capsule(reinterpret_cast<void*>(jax_topk::TopkBf16CpuHandler));
+    targets["jax_topk_filtered"] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::TopkFilteredCpuHandler));
+    return targets;
+  });
+  m.def("filtered_workspace_bytes", &jax_topk::FilteredWorkspaceBytes, nb::arg("rows"),
+        nb::arg("width"), nb::arg("k"),
+        "Bytes of device workspace topk_filtered's CUDA kernel takes for this shape.");
+}

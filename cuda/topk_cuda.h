@@ -1,0 +1,22 @@
+// The CUDA kernels' entry points, called by the CUDA FFI bindings (topk_cuda_ffi.cc).
+// All pointers in the problem are device pointers; nothing here synchronises the host
+// or allocates memory, so both launches can be captured into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "topk_problem.h"
+
+namespace jax_topk {
+
+// topk_bf16: width <= kMaxBf16Width, scores are bf16 bits.
+cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream);
+
+// topk_filtered: float32 scores of any width. `workspace` is a device buffer of
+// `workspace_bytes` (an extra output of the custom call, contents undefined on entry);
+// the kernel adapts to its size, which must be at least kFilteredMinWorkspaceBytes.
+constexpr size_t kFilteredMinWorkspaceBytes = 4096;
+cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace jax_topk

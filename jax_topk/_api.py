@@ -1,0 +1,86 @@
+"""The user-facing functions: check the arguments, bring them to the primitives' 2-D form,
+bind, and give the result the scores' leading shape."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from . import _checks
+from ._primitives import PRIMITIVES
+
+_INT32_MAX = np.iinfo(np.int32).max
+_INT32_MIN = np.iinfo(np.int32).min
+
+
+def _as_int32(value):
+    """Integer runtime values as int32, saturating (not wrapping) wider ones."""
+    value = jnp.asarray(value)
+    if value.dtype == jnp.int32:
+        return value
+    info = jnp.iinfo(value.dtype)
+    if info.max > _INT32_MAX or info.min < _INT32_MIN:
+        bounds = np.array([max(info.min, _INT32_MIN), min(info.max, _INT32_MAX)], value.dtype)
+        value = jnp.clip(value, bounds[0], bounds[1])
+    return value.astype(jnp.int32)
+
+
+def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid_rows, sorted):
+    scores = jnp.asarray(scores)
+    lengths = jnp.asarray(lengths)
+    k = _checks.check_k(op, k)
+    log2_page_size = _checks.check_page_size(op, page_size)
+    sorted = _checks.check_sorted(op, sorted)
+    leading, n = _checks.check_scores(op, scores)
+    _checks.check_lengths(op, lengths, leading)
+    if page_table is not None:
+        page_table = jnp.asarray(page_table)
+    if table_rows is not None:
+        table_rows = jnp.asarray(table_rows)
+    _checks.check_page_table(op, page_table, table_rows, leading, n, page_size)
+    _checks.check_num_valid_rows(op, num_valid_rows, leading)
+
+    rows = int(np.prod(leading, dtype=np.int64))
+    placeholder = jnp.zeros((0,), jnp.int32)
+    params = dict(
+        op=op, k=k, log2_page_size=log2_page_size, sorted=sorted,
+        has_page_table=page_table is not None, has_table_rows=table_rows is not None,
+        has_num_valid_rows=num_valid_rows is not None, rows_per_group=max(rows, 1))
+    operands = (
+        scores.reshape(rows, n),
+        _as_int32(lengths).reshape(rows),
+        placeholder.reshape(0, 0) if page_table is None else
+        page_table.reshape(-1, page_table.shape[-1]),
+        placeholder if table_rows is None else table_rows.reshape(rows),
+        placeholder if num_valid_rows is None else _as_int32(num_valid_rows).reshape(1),
+    )
+    out = PRIMITIVES[op].bind(*operands, **params)
+    return out.reshape(*leading, k)
+
+
+def topk_bf16(scores, lengths, *, k=512, page_table=None, page_size=1, table_rows=None,
+              num_valid_rows=None, sorted=False):
+    """Exact top-k of bfloat16 rows up to 16384 long: int32 column indices [..., k].
+
+    Row r selects among columns [0, clamp(lengths[r], 0, n)), never a NaN; values rank in
+    IEEE total order (-0 below +0) and equal values rank the lower column first. Slots past
+    the number of candidates hold -1. `sorted=False` gives ascending columns, `sorted=True`
+    rank order (as jax.lax.top_k). With `page_table`, column j of row r is written as
+    page_table[t, j // page_size] * page_size + j % page_size, t = table_rows[r] (clamped)
+    or r. Rows at or past `num_valid_rows` (2-D scores only) are all -1 and never read.
+    """
+    return topk("topk_bf16", scores, lengths, k=k, page_table=page_table, page_size=page_size,
+                table_rows=table_rows, num_valid_rows=num_valid_rows, sorted=sorted)
+
+
+def topk_filtered(logits, lengths, *, k=2048, page_table=None, page_size=1, table_rows=None,
+                  num_valid_rows=None, sorted=False):
+    """Exact top-k of float32 rows of any length: int32 column indices [..., k].
+
+    The same contract as topk_bf16 (see its docstring) for float32 logits; on the GPU a
+    sample of each row proposes a boundary that one full pass validates, so long rows are
+    read about once.
+    """
+    return topk("topk_filtered", logits, lengths, k=k, page_table=page_table,
+                page_size=page_size, table_rows=table_rows, num_valid_rows=num_valid_rows,
+                sorted=sorted)

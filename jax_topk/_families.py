@@ -1,0 +1,90 @@
+"""Adversarial value families for checking exactness: rows built to break a top-k kernel
+(ties, signed zeros, NaN of both signs, denormals, infinities, raw bit patterns). Shared by
+the tests and the benchmark's correctness check."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+
+
+def _from_bits(bits, dtype):
+    if dtype == BF16:
+        return bits.astype(np.uint16).view(BF16)
+    return bits.astype(np.uint32).view(F32)
+
+
+def _bit_width(dtype) -> int:
+    return 16 if dtype == BF16 else 32
+
+
+def normal(rng, shape, dtype):
+    return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+def heavy_ties(rng, shape, dtype):
+    return rng.integers(-2, 3, size=shape).astype(np.float32).astype(dtype)
+
+
+def constant(rng, shape, dtype):
+    return np.full(shape, rng.standard_normal(), np.float32).astype(dtype)
+
+
+def all_neg_inf(rng, shape, dtype):
+    return np.full(shape, -np.inf, np.float32).astype(dtype)
+
+
+def signed_zeros(rng, shape, dtype):
+    choices = np.array([0.0, -0.0, 0.0, -0.0, -1.0, 1e-30], np.float32)
+    return choices[rng.integers(0, len(choices), size=shape)].astype(dtype)
+
+
+def nan_mix(rng, shape, dtype):
+    """NaN of both signs scattered, also where the largest values would be."""
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x[rng.random(shape) < 0.2] = np.nan
+    x[rng.random(shape) < 0.1] = -np.nan
+    x[x > 1.5] = np.copysign(np.nan, rng.standard_normal(x[x > 1.5].shape))
+    return x.astype(dtype)
+
+
+def denormals(rng, shape, dtype):
+    width = _bit_width(dtype)
+    mantissa_bits = 7 if width == 16 else 23
+    bits = rng.integers(0, 1 << mantissa_bits, size=shape, dtype=np.int64)
+    signs = rng.integers(0, 2, size=shape, dtype=np.int64) << (width - 1)
+    return _from_bits(bits | signs, dtype)
+
+
+def infinities(rng, shape, dtype):
+    choices = np.array([np.inf, -np.inf, 0.0, 1.0, -1.0, np.finfo(np.float32).max], np.float32)
+    return choices[rng.integers(0, len(choices), size=shape)].astype(dtype)
+
+
+def random_bits(rng, shape, dtype):
+    width = _bit_width(dtype)
+    return _from_bits(rng.integers(0, 1 << width, size=shape, dtype=np.int64), dtype)
+
+
+def ascending(rng, shape, dtype):
+    del rng
+    return np.broadcast_to(np.arange(shape[-1], dtype=np.float32), shape).astype(dtype)
+
+
+def near_ties(rng, shape, dtype):
+    """Values one ulp apart: every radix digit but the last is shared."""
+    width = _bit_width(dtype)
+    base = 0x3F80 if width == 16 else 0x3F800000
+    return _from_bits(base + rng.integers(0, 4, size=shape, dtype=np.int64), dtype)
+
+
+FAMILIES = {f.__name__: f for f in (normal, heavy_ties, constant, all_neg_inf, signed_zeros,
+                                    nan_mix, denormals, infinities, random_bits, ascending,
+                                    near_ties)}
+
+
+def make(family: str, rng, shape, dtype):
+    return np.ascontiguousarray(FAMILIES[family](rng, shape, np.dtype(dtype)))

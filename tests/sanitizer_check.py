@@ -1,0 +1,38 @@
+"""A representative call of each CUDA kernel, small enough to run under compute-sanitizer
+(see .ci/gpu): checks the result against the CPU handler too."""
+
+import jax
+import numpy as np
+
+import jax_topk
+
+
+def main():
+    gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
+    rng = np.random.default_rng(60)
+    cases = [
+        (jax_topk.topk_bf16, rng.standard_normal((64, 16383), np.float32).astype(jax.numpy.bfloat16),
+         dict(k=512, page_size=64)),
+        (jax_topk.topk_bf16, rng.standard_normal((8, 4096), np.float32).astype(jax.numpy.bfloat16),
+         dict(k=2048, sorted=True)),
+        (jax_topk.topk_filtered, rng.standard_normal((4, 300_001), np.float32), dict(k=2048)),
+        (jax_topk.topk_filtered, rng.standard_normal((300, 40_000), np.float32),
+         dict(k=512, sorted=True)),
+        (jax_topk.topk_filtered, np.full((2, 100_000), 3.0, np.float32), dict(k=2048)),
+    ]
+    for fn, scores, kwargs in cases:
+        rows, n = scores.shape
+        lengths = rng.integers(-1, n + 2, size=rows).astype(np.int32)
+        extra = {}
+        if kwargs.get("page_size"):
+            pages = -(-n // kwargs["page_size"])
+            extra["page_table"] = np.stack([rng.permutation(pages) for _ in range(rows)]).astype(np.int32)
+        call = jax.jit(lambda s, l, t: fn(s, l, **t, **kwargs))
+        got = call(*jax.device_put((scores, lengths, extra), gpu))
+        want = call(*jax.device_put((scores, lengths, extra), cpu))
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    print("sanitizer cases: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""SPEC sections 3-4 for both operators on every backend, against the NumPy reference and
+against jax.lax.top_k on NaN-free rows."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import SCORE_DTYPES, permuted_page_table, run_op
+from jax_topk import _families
+from reference import reference_topk
+
+
+def make_scores(op, rng, shape, family="normal"):
+    return _families.make(family, rng, shape, SCORE_DTYPES[op])
+
+
+def edge_lengths(k, n, rows, rng):
+    """Lengths around every boundary: negative, 0, 1, k-1, k, k+1, n, beyond n."""
+    special = [-5, 0, 1, k - 1, k, k + 1, n, n + 7, np.iinfo(np.int32).max,
+               np.iinfo(np.int32).min]
+    lengths = rng.integers(0, n + 1, size=rows)
+    lengths[:len(special)] = special[:rows]
+    return lengths.astype(np.int32)
+
+
+@pytest.mark.parametrize("k", [1, 7, 64])
+@pytest.mark.parametrize("n", [1, 63, 200, 1001])
+def test_matches_reference(op, backend, k, n):
+    rng = np.random.default_rng(n * 31 + k)
+    scores = make_scores(op, rng, (12, n))
+    lengths = edge_lengths(k, n, 12, rng)
+    for sorted_ in (False, True):
+        out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
+        np.testing.assert_array_equal(out, reference_topk(scores, lengths, k, sorted=sorted_))
+
+
+def test_matches_lax_top_k(op, backend):
+    """On NaN-free full rows: sorted=True is exactly lax.top_k's index order, and
+    sorted=False is the same set in ascending columns."""
+    rng = np.random.default_rng(1)
+    for family in ("normal", "heavy_ties", "signed_zeros", "infinities"):
+        scores = make_scores(op, rng, (6, 700), family)
+        lengths = np.full(6, 700, np.int32)
+        _, expected = jax.lax.top_k(jax.device_put(scores, jax.devices("cpu")[0]), 50)
+        expected = np.asarray(expected)
+        ranked = run_op(op, backend, scores, lengths, k=50, sorted=True)
+        np.testing.assert_array_equal(ranked, expected, err_msg=family)
+        unordered = run_op(op, backend, scores, lengths, k=50)
+        np.testing.assert_array_equal(unordered, np.sort(expected, axis=1), err_msg=family)
+
+
+def test_rows_shorter_than_k_fill_minus_one(op, backend):
+    rng = np.random.default_rng(2)
+    scores = make_scores(op, rng, (3, 40))
+    out = run_op(op, backend, scores, np.array([0, 5, 40], np.int32), k=50)
+    assert (out[0] == -1).all()
+    np.testing.assert_array_equal(out[1, :5], np.arange(5))
+    assert (out[1, 5:] == -1).all()
+    np.testing.assert_array_equal(out[2, :40], np.arange(40))
+    assert (out[2, 40:] == -1).all()
+
+
+@pytest.mark.parametrize("page_size", [1, 8, 64])
+def test_page_transform(op, backend, page_size):
+    rng = np.random.default_rng(page_size)
+    rows, n, k = 9, 1000, 32
+    pages = -(-n // page_size) + 1
+    scores = make_scores(op, rng, (rows, n))
+    lengths = edge_lengths(k, n, rows, rng)
+    table = permuted_page_table(rng, rows, pages)
+    for sorted_ in (False, True):
+        out = run_op(op, backend, scores, lengths, k=k, page_table=table, page_size=page_size,
+                     sorted=sorted_)
+        expected = reference_topk(scores, lengths, k, page_table=table, page_size=page_size,
+                                  sorted=sorted_)
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_table_rows_clamped(op, backend):
+    rng = np.random.default_rng(3)
+    rows, n, k, page_size = 8, 300, 16, 8
+    table = permuted_page_table(rng, 3, n // page_size + 2)
+    table_rows = np.array([0, 1, 2, -1, 3, 100, np.iinfo(np.int32).min, 1], np.int32)
+    scores = make_scores(op, rng, (rows, n))
+    lengths = np.full(rows, n, np.int32)
+    out = run_op(op, backend, scores, lengths, k=k, page_table=table, page_size=page_size,
+                 table_rows=table_rows)
+    expected = reference_topk(scores, lengths, k, page_table=table, page_size=page_size,
+                              table_rows=table_rows)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_page_table_entries_of_minus_one_and_large(op, backend):
+    """Unmapped (-1) and huge page numbers go through the same 32-bit formula on both
+    backends; -1 output slots are never transformed."""
+    rng = np.random.default_rng(4)
+    rows, n, k, page_size = 4, 64, 80, 16
+    table = np.array([[-1, 2, 0x7FFFFFF, 3]] * rows, np.int32)
+    scores = make_scores(op, rng, (rows, n))
+    lengths = np.array([64, 10, 0, 33], np.int32)
+    out = run_op(op, backend, scores, lengths, k=k, page_table=table, page_size=page_size)
+    expected = reference_topk(scores, lengths, k, page_table=table, page_size=page_size)
+    np.testing.assert_array_equal(out, expected)
+    assert (out[2] == -1).all()
+
+
+@pytest.mark.parametrize("num_valid_rows", [0, 3, 10, 11, 1000, -4])
+def test_num_valid_rows_traced(op, backend, num_valid_rows):
+    rng = np.random.default_rng(5)
+    rows, n, k = 10, 257, 20
+    scores = make_scores(op, rng, (rows, n))
+    lengths = edge_lengths(k, n, rows, rng)
+    out = run_op(op, backend, scores, lengths, k=k, num_valid_rows=np.int32(num_valid_rows))
+    expected = reference_topk(scores, lengths, k, num_valid_rows=num_valid_rows)
+    np.testing.assert_array_equal(out, expected)
+    valid = int(np.clip(num_valid_rows, 0, rows))
+    assert (out[valid:] == -1).all()
+
+
+def test_num_valid_rows_rows_are_not_read(op, backend):
+    """Rows past num_valid_rows give -1 whatever their scores and lengths hold."""
+    rng = np.random.default_rng(6)
+    scores = make_scores(op, rng, (6, 100))
+    poisoned = scores.copy()
+    poisoned[3:] = make_scores(op, rng, (3, 100), "random_bits")
+    lengths = np.array([100, 100, 100, -7, 10**9, 5], np.int32)
+    a = run_op(op, backend, scores, lengths, k=8, num_valid_rows=np.int32(3))
+    b = run_op(op, backend, poisoned, lengths, k=8, num_valid_rows=np.int32(3))
+    np.testing.assert_array_equal(a, b)
+    assert (a[3:] == -1).all()
+
+
+@pytest.mark.parametrize("shape", [(300,), (2, 3, 300), (1, 1, 1, 17)])
+def test_leading_shapes(op, backend, shape):
+    rng = np.random.default_rng(7)
+    scores = make_scores(op, rng, shape)
+    lengths = rng.integers(-2, shape[-1] + 3, size=shape[:-1]).astype(np.int32)
+    out = run_op(op, backend, scores, lengths, k=9)
+    assert out.shape == shape[:-1] + (9,)
+    np.testing.assert_array_equal(out, reference_topk(scores, lengths, 9))
+
+
+def test_wide_integer_lengths_saturate(op, backend):
+    """uint32 lengths past int32's range mean 'beyond n', not a wrapped negative."""
+    rng = np.random.default_rng(8)
+    scores = make_scores(op, rng, (3, 50))
+    lengths = np.array([2**32 - 1, 2**31, 7], np.uint32)
+    out = run_op(op, backend, scores, lengths, k=4)
+    np.testing.assert_array_equal(out, reference_topk(scores, np.array([50, 50, 7]), 4))
+
+
+def test_deterministic(op, backend):
+    rng = np.random.default_rng(9)
+    scores = make_scores(op, rng, (16, 2000), "heavy_ties")
+    lengths = np.full(16, 2000, np.int32)
+    first = run_op(op, backend, scores, lengths, k=100)
+    for _ in range(3):
+        np.testing.assert_array_equal(run_op(op, backend, scores, lengths, k=100), first)
+
+
+def test_long_filtered_row(backend):
+    """topk_filtered on rows long enough to take its multi-pass and sampled routes."""
+    rng = np.random.default_rng(10)
+    n = 200_003
+    scores = make_scores("topk_filtered", rng, (3, n))
+    lengths = np.array([n, 150_000, 2049], np.int32)
+    for k in (1, 512, 2048):
+        out = run_op("topk_filtered", backend, scores, lengths, k=k)
+        np.testing.assert_array_equal(out, reference_topk(scores, lengths, k))
+
+
+def test_max_bf16_width(backend):
+    rng = np.random.default_rng(11)
+    scores = make_scores("topk_bf16", rng, (4, 16384))
+    lengths = np.array([16384, 9000, 4096, 16383], np.int32)
+    for k in (512, 2048):
+        out = run_op("topk_bf16", backend, scores, lengths, k=k)
+        np.testing.assert_array_equal(out, reference_topk(scores, lengths, k))
+
+
+def test_empty_batch(op, backend):
+    scores = jnp.zeros((0, 32), SCORE_DTYPES[op])
+    out = run_op(op, backend, np.asarray(scores), np.zeros((0,), np.int32), k=4)
+    assert out.shape == (0, 4)

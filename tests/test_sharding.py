@@ -1,0 +1,15 @@
+"""Row sharding over 8 host devices (a separate process: the device count is fixed at
+JAX's start)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_row_sharding_runs_locally_without_all_gather():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, str(Path(__file__).with_name("sharding_check.py"))],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no all-gather" in result.stdout
