@@ -276,26 +276,45 @@ def write_report(records: list[dict], json_path: str, command: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, op, xkey in ((axes[0], "topk_bf16", "rows"), (axes[1], "topk_filtered", "n")):
-        group = [r for r in records if r["op"] == op]
-        series = sorted({(r["lengths"], r["k"]) for r in group})
-        for lengths, k in series:
-            pts = sorted((r[xkey], r) for r in group if (r["lengths"], r["k"]) == (lengths, k))
-            if len(pts) < 2 and op == "topk_bf16":
-                continue
-            xs = [x for x, _ in pts]
-            for key, style in (("ours_us", "o-"), ("lax_top_k_us", "s--"),
-                               ("torch_topk_us", "^:")):
-                ys = [r[key] for _, r in pts]
+    panels = [  # (title, records, x key, the key that makes one line)
+        ("topk_bf16 (k, lengths)", [r for r in records if r["op"] == "topk_bf16"], "rows",
+         lambda r: f"k={r['k']} {r['lengths']}"),
+        ("topk_filtered causal chunks (k)", [r for r in records if r["op"] == "topk_filtered"
+                                             and r["lengths"] == "causal"], "shape",
+         lambda r: f"k={r['k']}"),
+        ("topk_filtered decode (rows)", [r for r in records if r["op"] == "topk_filtered"
+                                         and r["lengths"] != "causal"], "n",
+         lambda r: f"rows={r['rows']}"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(18, 5.5))
+    peers = (("ours_us", "o-", "ours"), ("lax_top_k_us", "s--", "lax.top_k"),
+             ("torch_topk_us", "^:", "torch.topk"), ("floor_us", "x-.", "HBM floor"))
+    for ax, (title, group, xkey, line_of) in zip(axes, panels):
+        shapes = sorted({(r["rows"], r["n"]) for r in group}, key=lambda s: s[0] * s[1])
+        for line in sorted({line_of(r) for r in group}):
+            if xkey == "shape":  # causal chunks: one category per (M, N), by total size
+                pts = sorted((r for r in group if line_of(r) == line),
+                             key=lambda r: shapes.index((r["rows"], r["n"])))
+                xs = [shapes.index((r["rows"], r["n"])) for r in pts]
+            else:
+                pts = sorted((r for r in group if line_of(r) == line), key=lambda r: r[xkey])
+                xs = [r[xkey] for r in pts]
+            for key, style, name in peers:
+                ys = [r.get(key) for r in pts]
                 if all(y is not None for y in ys):
-                    ax.plot(xs, ys, style, label=f"{key[:-3]} {lengths} k={k}")
-        ax.set_xscale("log")
+                    ax.plot(xs, ys, style, label=f"{name} {line}")
         ax.set_yscale("log")
-        ax.set_xlabel(xkey)
+        if xkey == "shape":
+            ax.set_xticks(range(len(shapes)), [f"{m}x{n}" for m, n in shapes], rotation=20,
+                          fontsize=7)
+            ax.set_xlabel("M x N")
+        else:
+            ax.set_xscale("log")
+            ax.set_xlabel("rows" if xkey == "rows" else "N (row length)")
         ax.set_ylabel("device time per call (us)")
-        ax.set_title(op)
-        ax.legend(fontsize=6)
+        ax.set_title(title)
+        if group:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=120)
 
