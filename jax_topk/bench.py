@@ -85,8 +85,9 @@ def cpu_shapes(quick: bool) -> list[Shape]:
 # --- correctness -------------------------------------------------------------------------
 
 def check_against_lax(progress) -> list[str]:
-    """Ours (sorted=True) must equal jax.lax.top_k's indices on NaN-free full rows, and
-    sorted=False the same set in ascending order. Returns the failures."""
+    """Ours (on the default device, sorted=True) must equal jax.lax.top_k's indices on
+    NaN-free full rows, and sorted=False the same set in ascending order. Returns the
+    failures."""
     failures = []
     rng = np.random.default_rng(0)
     nan_free = [f for f in FAMILIES if f not in ("nan_mix", "random_bits")]
@@ -95,9 +96,13 @@ def check_against_lax(progress) -> list[str]:
     cases += [("topk_filtered", "normal", 2, 300_001, 2048)]
     for op, family, rows, n, k in progress(cases, desc="check vs lax.top_k"):
         fn, dtype = OPS[op]
-        scores = jnp.asarray(make(family, rng, (rows, n), dtype))
+        host_scores = make(family, rng, (rows, n), dtype)
+        scores = jnp.asarray(host_scores)
         lengths = jnp.full((rows,), n, jnp.int32)
-        expected = np.asarray(jax.lax.top_k(scores, k)[1])
+        # The contract's order is jax.lax.top_k's on the CPU (lower column first among
+        # ties); the GPU's lax.top_k need not break ties that way.
+        cpu = jax.devices("cpu")[0]
+        expected = np.asarray(jax.lax.top_k(jax.device_put(host_scores, cpu), k)[1])
         ranked = np.asarray(jax.jit(lambda s, l: fn(s, l, k=k, sorted=True))(scores, lengths))
         unordered = np.asarray(jax.jit(lambda s, l: fn(s, l, k=k))(scores, lengths))
         if not (np.array_equal(ranked, expected)
@@ -150,7 +155,8 @@ def wall_time_us(fn, input_sets, repeats: int) -> float:
     return float(np.median(samples)) * 1e6
 
 
-def torch_topk_us(input_sets, k: int, repeats: int) -> float | None:
+def torch_topk_us(input_sets, k: int, repeats: int):
+    """(median us by CUDA events, sorted selected values of the first set), or None."""
     try:
         import torch
     except ImportError:
@@ -160,6 +166,8 @@ def torch_topk_us(input_sets, k: int, repeats: int) -> float | None:
     tensors = [torch.from_dlpack(masked) for masked in input_sets]
     for t in tensors:
         torch.topk(t, k, dim=-1)
+    values = torch.topk(tensors[0], k, dim=-1).values.float()
+    values = np.sort(values.cpu().numpy(), axis=1)
     samples = []
     for i in range(repeats):
         t = tensors[i % len(tensors)]
@@ -169,7 +177,7 @@ def torch_topk_us(input_sets, k: int, repeats: int) -> float | None:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3)
-    return float(np.median(samples))
+    return float(np.median(samples)), values
 
 
 def copy_bandwidth_tbps() -> float:
@@ -224,19 +232,31 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
         ours_us = device_time_us(ours_jit, inputs, calls)
         lax_us = device_time_us(lax_jit, lax_inputs, lax_calls)
         masked = [jnp.where(jnp.arange(shape.n) < l[:, None], s, -jnp.inf) for s, l in lax_inputs]
-        torch_us = torch_topk_us(masked, k, calls)
+        torch_result = torch_topk_us(masked, k, calls)
         del masked
     else:
         ours_us = wall_time_us(ours, inputs, calls)
         lax_us = wall_time_us(lax_top_k, lax_inputs, max(1, calls // 3))
-        torch_us = None
+        torch_result = None
+    torch_us = torch_result[0] if torch_result else None
+
+    # Every compared result must select the same values (ties may pick other columns).
+    def selected_values(indices):
+        picked = jnp.take_along_axis(lax_inputs[0][0].astype(jnp.float32), indices, axis=1)
+        return np.sort(np.asarray(picked), axis=1)
+    scores0, lengths0 = lax_inputs[0]
+    ours_values = selected_values(jax.jit(lambda s, l: fn(s, l, k=k))(scores0, lengths0))
+    same_set = bool(np.array_equal(ours_values, selected_values(lax_jit(scores0, lengths0))))
+    if torch_result is not None:
+        same_set &= bool(np.array_equal(ours_values, torch_result[1]))
     wall_us = wall_time_us(ours, inputs, 5 if quick else 20) if on_gpu else ours_us
     valid = int(np.clip(shape.row_lengths(), 0, shape.n).sum())
     floor_us = valid * itemsize / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
     return dict(op=shape.op, rows=shape.rows, n=shape.n, k=shape.k, lengths=shape.lengths,
                 page_size=shape.page_size, ours_us=ours_us, lax_top_k_us=lax_us,
                 torch_topk_us=torch_us, floor_us=floor_us, copy_TBps=copy_tbps,
-                ours_wall_us=wall_us, jax=jax.__version__, device=jax.devices()[0].device_kind,
+                ours_wall_us=wall_us, same_set_as_peers=same_set, jax=jax.__version__,
+                device=jax.devices()[0].device_kind,
                 date=datetime.date.today().isoformat())
 
 
@@ -244,8 +264,8 @@ def format_table(records: list[dict]) -> str:
     def fmt(v):
         return "-" if v is None else f"{v:,.1f}"
     header = ("| op | rows | n | k | lengths | ours (us) | ours wall (us) | lax.top_k (us) | "
-              "torch.topk (us) | floor (us) | ours/floor | speed-up vs lax |")
-    lines = [header, "|" + " --- |" * 12]
+              "torch.topk (us) | floor (us) | ours/floor | speed-up vs lax | same set |")
+    lines = [header, "|" + " --- |" * 13]
     for r in records:
         ratio = r["ours_us"] / r["floor_us"] if r.get("floor_us") else None
         lines.append(
@@ -253,7 +273,8 @@ def format_table(records: list[dict]) -> str:
             f"{fmt(r['ours_us'])} | {fmt(r['ours_wall_us'])} | {fmt(r['lax_top_k_us'])} | "
             f"{fmt(r['torch_topk_us'])} | {fmt(r['floor_us'])} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
-            f"{r['lax_top_k_us'] / r['ours_us']:.1f}x |")
+            f"{r['lax_top_k_us'] / r['ours_us']:.1f}x | "
+            f"{'yes' if r.get('same_set_as_peers') else 'NO'} |")
     return "\n".join(lines)
 
 
