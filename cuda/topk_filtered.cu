@@ -1,17 +1,16 @@
 // topk_filtered: exact top-k of long float32 rows (SPEC section 2). Per row, a regular 1/s sample
-// (row-dependent phase) proposes a 22-bit cutoff on the ordered key keeping ~2k candidates, and a
-// deeper 11-bit secondary cutoff. One ordered pass over the row keeps every non-NaN key >= cutoff,
-// in column order, in shared memory then a per-worker workspace slice; 11+11+10-bit radix digits
-// over the kept keys find the k-th key and its tie quota; an ordered select writes the winners in
-// column order (or by key through a stable block radix sort). Traffic: <= 1/8 (1/32 at 128K) of the
-// row for the sample + one read. Underfill retries the secondary cutoff; still short, or more kept
-// than fits, takes the exact route: 3 digit passes + 1 select pass over the row. Limits: width <
+// (row-dependent phase) proposes a cutoff keeping ~2k candidates, and a deeper secondary one. One
+// pass over the row (float4 loads, L2 prefetch ahead; a max-and-vote test per 16 values a thread)
+// appends the values >= cutoff, unordered, to shared memory then a per-worker workspace slice.
+// 11+11+10-bit radix selection over them (the boundary group compacted after the first digit)
+// finds the k-th key, one over the tied columns the tie quota; a block radix sort orders the result.
+// Traffic: the sample (<= 1/8 of the row) + one read. Underfill retries the secondary cutoff; still
+// short, or more kept than fits, takes the exact route (radix passes over the row). Limits: width <
 // 2^31, k <= kMaxK. Few rows: each row is split over blocks (KV-split), the last to arrive merges.
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -26,22 +25,26 @@ namespace {
 constexpr int kThreadsPerBlock = 512;
 constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kBlocksPerSm = 2;
 constexpr int kMaxPoolBlocks = 480;  // keeps the kernel's counters inside kFilteredHeaderBytes
 
-// Tiles of kChunks 16-byte chunks per thread (see ChunkStart). Streaming passes hold 16 floats
-// per thread in flight; the final tie-quota select, which carries more per item, holds 8.
+// Rows are read in 16-byte chunks; chunk c of thread t in a tile starts at column
+// 4 * (t + kThreadsPerBlock * c), so each warp load covers 512 contiguous bytes. A thread keeps
+// kFilterChunks (filtering pass) or kScanChunks (exact route) chunks in flight: more would spill
+// at 64 registers; the filtering pass adds L2 prefetches (kPrefetchAhead) for memory parallelism.
 constexpr int kChunkElems = 4;
-constexpr int kStreamChunks = 4;
-constexpr int kSelectChunks = 2;
+constexpr int kChunkStride = kChunkElems * kThreadsPerBlock;
+constexpr int kFilterChunks = 4;
+constexpr int kFilterTile = kFilterChunks * kChunkStride;
+constexpr int kScanChunks = 4;
+constexpr int kScanTile = kScanChunks * kChunkStride;
 
-// Candidates kept in shared memory; a multiple of every tile so no tile straddles shared and global.
+// Kept candidates in shared memory (then the workspace slice), and the radix-select survivors.
 constexpr int kSharedCandidates = 8192;
-static_assert(kSharedCandidates % (kThreadsPerBlock * kChunkElems * kStreamChunks) == 0 &&
-                  kSharedCandidates % (kThreadsPerBlock * kChunkElems * kSelectChunks) == 0,
-              "a tile must not straddle shared and global");
+constexpr int kFrontierCapacity = 8192;
 
-// Radix digits of the 32-bit ordered key, most significant first: 11 + 11 + 10 bits.
+// Radix digits of a 32-bit ordered value, most significant first: 11 + 11 + 10 bits.
 constexpr int kDigitBins = 2048;
 constexpr int kBinsPerThread = kDigitBins / kThreadsPerBlock;
 constexpr int kNumDigits = 3;
@@ -59,475 +62,532 @@ constexpr int kRetention = 2;
 constexpr int kRankSlack = 8;
 constexpr int kSecondaryFactor = 2;
 
-// The k results, sorted by key when `sorted`: kMaxK items over the block.
+// The filtering pass pulls the row into L2 kPrefetchAhead columns ahead of its loads: memory
+// parallelism that costs no registers. The first of them are pulled while the sample is taken.
+constexpr int kPrefetchLineElems = 32;  // 128-byte lines
+constexpr int kPrefetchAhead = 2 * kFilterTile;
+static_assert(kPrefetchAhead <= kPrefetchLineElems * kThreadsPerBlock, "one line per thread");
+
+// The k results are sorted over the block, kSortItemsPerThread each.
 constexpr int kSortItemsPerThread = kMaxK / kThreadsPerBlock;
 static_assert(kSortItemsPerThread * kThreadsPerBlock == kMaxK, "sort covers kMaxK");
 
 constexpr int kMaxParts = 64;
 constexpr int kMinSplitSliceEntries = 1024;  // below this a split part would overflow too often
-
-// Counts of one tile, one 16-bit field per chunk (a field sums to <= 4 * kThreadsPerBlock).
-struct PackedCounts {
-  uint64_t greater;
-  uint64_t equal;
-};
-constexpr uint64_t kFieldPrefixMul = 0x0001000100010001ull;  // x * this: field c = sum of fields <= c
-__device__ __forceinline__ int Field(uint64_t packed, int c) {
-  return static_cast<int>((packed >> (16 * c)) & 0xFFFFu);
-}
+constexpr int kMergeBatch = 8;               // merged entries a thread has in flight
 
 using BinScan = cub::BlockScan<uint32_t, kThreadsPerBlock>;
-using ResultSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread, int32_t>;
+using ColumnSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread>;
+using RankSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread, uint32_t>;
 
-// The row a block works on. Kept in shared memory so that the passes, which need all the
-// registers, do not carry it.
+// Cutoffs are ordered keys; a row keeps the non-NaN values whose key is >= the cutoff.
 struct Cutoffs {
   uint32_t primary;    // 22-bit: keeps ~kRetention * k expected candidates
   uint32_t secondary;  // 11-bit, <= primary: a deeper band for an underfilled primary
 };
+// The row a block works on. Kept in shared memory so that the passes do not carry it.
 struct RowJob {
   int64_t row;
-  int64_t length;  // -1: a masked row
+  int length;  // -1: a masked row
   Cutoffs cutoffs;
-  int64_t part_begin;  // split mode: this block's columns of the row
-  int64_t part_end;
-  int parts;           // split mode: the blocks that share the row
 };
 
-struct CandidateArrays {
-  uint32_t key[kSharedCandidates];
-  int32_t col[kSharedCandidates];
+struct BinFound {
+  uint32_t bin;
+  uint32_t above;  // items in the bins above
+  uint32_t count;  // items in the bin
 };
 
 struct SharedStorage {
+  uint2 candidates[kSharedCandidates];  // (value bits, column), in no particular order
   union {
-    CandidateArrays candidates;  // the sample's keys first, then the kept candidates
-    ResultSort::TempStorage sort;
-  } region;
-  uint32_t hist[kDigitBins + 1];  // a digit histogram, then its suffix sums; [kDigitBins] == 0
-  uint32_t staging_key[kMaxK];     // the selected items, in column order
-  int32_t staging_col[kMaxK];
-  uint64_t warp_counts[kWarpsPerBlock];  // per-warp byte-packed totals of a tile scan
+    uint32_t frontier[kFrontierCapacity];  // the boundary group of a radix selection
+    struct {
+      uint32_t bits[kMaxK];
+      uint32_t col[kMaxK];
+    } selected;  // the winners, in no particular order
+    ColumnSort::TempStorage column_sort;
+    RankSort::TempStorage rank_sort;
+  } work;
+  uint32_t hist[kDigitBins];  // all zero between uses
   BinScan::TempStorage bin_scan;
-  uint32_t found_bin;
-  uint32_t found_above;
+  BinFound found[2];
+  uint32_t part_offset[kMaxParts];  // split finisher: where each part's candidates go
+  int kept;                         // append counters
+  int frontier_count;
+  int selected_count;
   RowJob job;
-  int sample_count;
-  int flag;
   unsigned long long next_row;
+  int last_part;
 };
 
 // ---------------------------------------------------------------------------------------------
-// Tiles: where items come from. Both sources hand out tiles in column order: with kChunks
-// chunks per thread, chunk c of thread t starts at 4 * (t + kThreadsPerBlock * c) in the tile,
-// so each warp load covers 512 contiguous bytes. An invalid item (NaN, past the end) has its
-// bit clear in `valid`. A tile's keys feed the counts; an admitted item's key and column are
-// read back from the source after the block scan (few items, cache hits), so that no keys stay
-// live across the scan.
-constexpr int kChunkStride = kChunkElems * kThreadsPerBlock;  // between a thread's chunks
-__device__ __forceinline__ int64_t ChunkStart(int64_t base, int c) {
-  return base + kChunkElems * threadIdx.x + kChunkStride * c;
+// Warp-level helpers. All lanes of the warp call them.
+
+// Adds `counted` lanes to hist[digit]; a warp whose lanes share one digit adds once (rows of
+// equal values would otherwise serialise on one shared-memory address).
+__device__ __forceinline__ void AddToHistogram(uint32_t* hist, uint32_t digit, bool counted) {
+  const uint32_t voters = __ballot_sync(kFullMask, counted);
+  if (voters == 0) return;
+  const int leader = __ffs(voters) - 1;
+  const uint32_t leader_digit = __shfl_sync(kFullMask, digit, leader);
+  if (__all_sync(kFullMask, !counted || digit == leader_digit)) {
+    if (static_cast<int>(threadIdx.x % kWarpSize) == leader) atomicAdd(&hist[leader_digit], __popc(voters));
+  } else if (counted) {
+    atomicAdd(&hist[digit], 1u);
+  }
 }
 
-template <int kChunks>
-struct RowTile {
-  uint32_t key[kChunks * kChunkElems];
-  int32_t first;  // chunk c starts at column first + c * kChunkStride
-  uint32_t valid;
-  const float* row;
-  __device__ __forceinline__ int32_t Col(int item) const {
-    return first + (item / kChunkElems) * kChunkStride + item % kChunkElems;
-  }
-  __device__ __forceinline__ uint32_t KeyAgain(int item) const {
-    return OrderedKeyF32(__float_as_uint(__ldg(row + Col(item))));
-  }
-};
-
-// Columns [base, end) of a row; kVectorLoads needs row + base 16-byte aligned.
-template <int kChunks, bool kVectorLoads>
-__device__ __forceinline__ RowTile<kChunks> LoadRowTile(const float* row, int64_t base, int64_t end) {
-  const float kMissing = __int_as_float(0x7FFFFFFF);  // a NaN: never selected
-  float4 values[kChunks];
-  RowTile<kChunks> tile;
-  tile.row = row;
-  tile.first = static_cast<int32_t>(ChunkStart(base, 0));
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {  // all loads first, for memory-level parallelism
-    const int64_t first = ChunkStart(base, c);
-    float4& v = values[c];
-    v = make_float4(kMissing, kMissing, kMissing, kMissing);
-    if (kVectorLoads && first + kChunkElems <= end) {
-      v = __ldg(reinterpret_cast<const float4*>(row + first));
-    } else {
-      if (first + 0 < end) v.x = __ldg(row + first + 0);
-      if (first + 1 < end) v.y = __ldg(row + first + 1);
-      if (first + 2 < end) v.z = __ldg(row + first + 2);
-      if (first + 3 < end) v.w = __ldg(row + first + 3);
-    }
-  }
-  tile.valid = 0;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const float lanes[kChunkElems] = {values[c].x, values[c].y, values[c].z, values[c].w};
-#pragma unroll
-    for (int e = 0; e < kChunkElems; ++e) {
-      const uint32_t bits = __float_as_uint(lanes[e]);
-      const int item = c * kChunkElems + e;
-      tile.key[item] = OrderedKeyF32(bits);
-      if (!IsNanF32(bits)) tile.valid |= 1u << item;
-    }
-  }
-  return tile;
+// A slot of a shared append counter for each lane that wants one: one atomic per warp.
+__device__ __forceinline__ int WarpReserve(int* counter, bool want) {
+  const uint32_t wanting = __ballot_sync(kFullMask, want);
+  if (wanting == 0) return 0;
+  const int lane = threadIdx.x % kWarpSize;
+  const int leader = __ffs(wanting) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(wanting));
+  base = __shfl_sync(kFullMask, base, leader);
+  return base + __popc(wanting & ((1u << lane) - 1u));
 }
 
-// Columns [begin, end) of a row in global memory: a scalar head up to the first 16-byte
-// boundary, then aligned tiles of float4 loads (the last one bounds-checked per chunk).
+__device__ __forceinline__ int WarpInclusiveSum(int value) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const int other = __shfl_up_sync(kFullMask, value, offset);
+    if (lane >= offset) value += other;
+  }
+  return value;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading rows.
+
+constexpr uint32_t kNanBits = 0x7FFFFFFFu;  // stands for a missing value: never selected
+
+// The first column of [begin, end) at a 16-byte boundary (or end): the scalar head ends there.
+__device__ __forceinline__ int AlignedColumn(const float* row, int begin, int end) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(row + begin);
+  const int head = static_cast<int>(((16 - (address & 15)) & 15) / sizeof(float));
+  return end - begin > head ? begin + head : end;
+}
+
+// The 4 floats at a 16-byte aligned address; with kBounded, those past the `available` ones
+// read as NaN.
+template <bool kBounded>
+__device__ __forceinline__ float4 LoadChunk(const float* at, int64_t available) {
+  if (!kBounded || available >= kChunkElems) return __ldcs(reinterpret_cast<const float4*>(at));
+  const float missing = __uint_as_float(kNanBits);
+  float4 v = make_float4(missing, missing, missing, missing);
+  if (available > 0) v.x = __ldcs(at + 0);
+  if (available > 1) v.y = __ldcs(at + 1);
+  if (available > 2) v.z = __ldcs(at + 2);
+  return v;
+}
+
+// Pulls `columns` columns of the row from `from` on (none past `end`) into L2, a line a thread.
+__device__ __forceinline__ void PrefetchToL2(const float* row, int64_t from, int end, int columns) {
+  const int offset = kPrefetchLineElems * static_cast<int>(threadIdx.x);
+  if (offset < columns && from + offset < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + from + offset));
+}
+
+// Sources hand items (value bits, column, valid) to a visitor; every thread of the block
+// visits the same number of items, so visitors may use warp collectives.
+
+// Columns [begin, end) of a row in global memory: a scalar head up to a 16-byte boundary, then
+// tiles of float4 loads. NaN items are invalid.
 struct RowSource {
   const float* row;
-  int64_t begin;
-  int64_t end;
+  int begin;
+  int end;
 
-  template <int kChunks, class Visit>
-  __device__ __forceinline__ void ForEachTile(Visit&& visit) const {
-    const uintptr_t address = reinterpret_cast<uintptr_t>(row + begin);
-    const int64_t head = static_cast<int64_t>(((16 - (address & 15)) & 15) / sizeof(float));
-    const int64_t body = begin + head < end ? begin + head : end;
-    if (body > begin) visit(LoadRowTile<kChunks, false>(row, begin, body));
-    for (int64_t base = body; base < end; base += kThreadsPerBlock * kChunkElems * kChunks) {
-      visit(LoadRowTile<kChunks, true>(row, base, end));
+  template <class Visit>
+  __device__ __forceinline__ void ForEach(Visit&& visit) const {
+    const int aligned = AlignedColumn(row, begin, end);
+    if (aligned > begin) {
+      const bool inside = static_cast<int>(threadIdx.x) < aligned - begin;
+      const int col = begin + (inside ? static_cast<int>(threadIdx.x) : 0);
+      const uint32_t bits = inside ? __float_as_uint(__ldcs(row + col)) : kNanBits;
+      visit(bits, col, !IsNanF32(bits));
+    }
+    for (int base = aligned; base < end; base += end - base > kScanTile ? kScanTile : end - base) {
+      const uint32_t first = base + kChunkElems * threadIdx.x;  // no wrap: base < 2^31
+      float4 chunks[kScanChunks];
+#pragma unroll
+      for (int c = 0; c < kScanChunks; ++c) {  // all loads first, for memory-level parallelism
+        chunks[c] = LoadChunk<true>(row + first + kChunkStride * c, int64_t{end} - first - kChunkStride * c);
+      }
+#pragma unroll
+      for (int c = 0; c < kScanChunks; ++c) {
+        const float values[kChunkElems] = {chunks[c].x, chunks[c].y, chunks[c].z, chunks[c].w};
+#pragma unroll
+        for (int e = 0; e < kChunkElems; ++e) {
+          const uint32_t bits = __float_as_uint(values[e]);
+          visit(bits, static_cast<int32_t>(first + kChunkStride * c + e), !IsNanF32(bits));
+        }
+      }
     }
   }
 };
 
-// `count` (column, key) entries kept in column order: the first `shared_capacity` in shared
-// memory, the rest in a global slice written by this block (or merged in by the finisher).
-struct BufferSource {
-  const uint32_t* shared_key;
-  const int32_t* shared_col;
+// `count` kept candidates: the first `shared_capacity` in shared memory, the rest in a global
+// slice (written by this block, or by other blocks before a fence).
+struct CandidateSource {
+  const uint2* shared;
   int shared_capacity;
   const uint2* global;
   int count;
 
-  __device__ __forceinline__ uint32_t KeyAt(int entry) const {
-    return entry < shared_capacity ? shared_key[entry] : global[entry - shared_capacity].y;
-  }
-  __device__ __forceinline__ int32_t ColAt(int entry) const {
-    return static_cast<int32_t>(entry < shared_capacity ? shared_col[entry]
-                                                        : global[entry - shared_capacity].x);
-  }
-
-  template <int kChunks>
-  struct Tile {
-    uint32_t key[kChunks * kChunkElems];
-    int32_t first;  // chunk c starts at entry first + c * kChunkStride
-    uint32_t valid;
-    const BufferSource* source;
-    __device__ __forceinline__ int Entry(int item) const {
-      return first + (item / kChunkElems) * kChunkStride + item % kChunkElems;
-    }
-    __device__ __forceinline__ int32_t Col(int item) const { return source->ColAt(Entry(item)); }
-    __device__ __forceinline__ uint32_t KeyAgain(int item) const { return source->KeyAt(Entry(item)); }
-  };
-
-  template <int kChunks, class Visit>
-  __device__ __forceinline__ void ForEachTile(Visit&& visit) const {
-    for (int base = 0; base < count; base += kThreadsPerBlock * kChunkElems * kChunks) {
-      Tile<kChunks> tile;
-      tile.valid = 0;
-      tile.source = this;
-      tile.first = static_cast<int32_t>(ChunkStart(base, 0));
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int e = 0; e < kChunkElems; ++e) {
-          const int item = c * kChunkElems + e;
-          const int entry = tile.Entry(item);
-          tile.key[item] = entry < count ? KeyAt(entry) : 0;
-          if (entry < count) tile.valid |= 1u << item;
-        }
+  template <class Visit>
+  __device__ __forceinline__ void ForEach(Visit&& visit) const {
+    for (int base = 0; base < count; base += kThreadsPerBlock) {
+      const int entry = base + static_cast<int>(threadIdx.x);
+      uint2 candidate = make_uint2(kNanBits, 0);
+      if (entry < count) {
+        candidate = entry < shared_capacity ? shared[entry] : __ldcg(global + (entry - shared_capacity));
       }
-      visit(tile);
+      visit(candidate.x, static_cast<int32_t>(candidate.y), entry < count);
     }
   }
 };
 
-// Where admitted items go: position p < shared_capacity in the shared staging arrays (the
-// result) or candidate arrays, the next global_capacity positions in a global slice; anything
-// further is counted but dropped.
+// Projected values already in shared memory (the frontier of a radix selection).
+struct FrontierSource {
+  const uint32_t* values;
+  int count;
+
+  template <class Visit>
+  __device__ __forceinline__ void ForEach(Visit&& visit) const {
+    for (int base = 0; base < count; base += kThreadsPerBlock) {
+      const int entry = base + static_cast<int>(threadIdx.x);
+      visit(entry < count ? values[entry] : 0u, 0, entry < count);
+    }
+  }
+};
+
+// This thread's sampled values, in registers.
+struct SampleSource {
+  float values[kSampleLinesPerWarp];
+
+  template <class Visit>
+  __device__ __forceinline__ void ForEach(Visit&& visit) const {
+#pragma unroll
+    for (int j = 0; j < kSampleLinesPerWarp; ++j) {
+      const uint32_t bits = __float_as_uint(values[j]);
+      visit(bits, 0, !IsNanF32(bits));
+    }
+  }
+};
+
+// Projections: the 32-bit value a radix selection ranks (largest first), and whether an item
+// takes part.
+struct KeyOfValue {  // the value itself, by its ordered key
+  __device__ __forceinline__ bool operator()(uint32_t bits, int32_t, uint32_t& value) const {
+    value = OrderedKeyF32(bits);
+    return true;
+  }
+};
+struct LowColumnOfTie {  // among the items of one key, the lowest column first
+  uint32_t key;
+  __device__ __forceinline__ bool operator()(uint32_t bits, int32_t col, uint32_t& value) const {
+    value = ~static_cast<uint32_t>(col);
+    return OrderedKeyF32(bits) == key;
+  }
+};
+struct AsProjected {  // frontier entries are projected already
+  __device__ __forceinline__ bool operator()(uint32_t projected, int32_t, uint32_t& value) const {
+    value = projected;
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The filtering pass: the hot loop. Every thread tests its 16 values against a float threshold
+// with one max and one vote; only a warp with a hit counts and appends.
+
+// Where kept values go: position p < shared_capacity in s.candidates, the next global_capacity
+// positions in a global slice; further positions are counted but dropped.
 struct CandidateSink {
-  bool to_staging;
   int shared_capacity;
   uint2* global;
   int global_capacity;
 
   __device__ __forceinline__ int Capacity() const { return shared_capacity + global_capacity; }
-  __device__ __forceinline__ void Put(SharedStorage& s, int position, int32_t col, uint32_t key) const {
+  __device__ __forceinline__ void Put(SharedStorage& s, int position, uint2 candidate) const {
     if (position < shared_capacity) {
-      (to_staging ? s.staging_key : s.region.candidates.key)[position] = key;
-      (to_staging ? s.staging_col : s.region.candidates.col)[position] = col;
+      s.candidates[position] = candidate;
     } else if (position - shared_capacity < global_capacity) {
-      global[position - shared_capacity] = make_uint2(static_cast<uint32_t>(col), key);
+      global[position - shared_capacity] = candidate;
     }
   }
 };
 
-__device__ __forceinline__ BufferSource KeptCandidates(const SharedStorage& s, const CandidateSink& sink, int count) {
-  return {s.region.candidates.key, s.region.candidates.col, sink.shared_capacity, sink.global, count};
+// The float threshold whose `value >= threshold` keeps every non-NaN value with key >= cutoff
+// (and, for a cutoff in the NaN range or at +0, a few more below it): always an upper set of the
+// total order, which is all that certifying a kept count needs.
+__device__ __forceinline__ float KeepThreshold(uint32_t cutoff) {
+  constexpr uint32_t kMinusInfKey = OrderedKeyF32(0xFF800000u);
+  constexpr uint32_t kPlusInfKey = OrderedKeyF32(0x7F800000u);
+  if (cutoff <= kMinusInfKey) return __uint_as_float(0xFF800000u);
+  if (cutoff >= kPlusInfKey) return __uint_as_float(0x7F800000u);
+  return __uint_as_float(BitsFromOrderedKeyF32(cutoff));
+}
+__device__ __forceinline__ bool KeepsAll(uint32_t cutoff) { return cutoff <= OrderedKeyF32(0xFF800000u); }
+
+// Appends this warp's values >= threshold; item i of a thread is column
+// first_col + (i / 4) * kChunkStride + i % 4. One shared atomic per warp.
+template <int kItems>
+__device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
+                                           const float (&values)[kItems], uint32_t first_col, float threshold) {
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) mine += values[i] >= threshold;
+  const int inclusive = WarpInclusiveSum(mine);
+  const int warp_total = __shfl_sync(kFullMask, inclusive, kWarpSize - 1);
+  int warp_base = 0;
+  if (threadIdx.x % kWarpSize == 0) warp_base = atomicAdd(&s.kept, warp_total);
+  warp_base = __shfl_sync(kFullMask, warp_base, 0);
+  int position = warp_base + inclusive - mine;
+  if (warp_base + warp_total <= sink.shared_capacity) {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (values[i] >= threshold) {
+        const uint32_t col = first_col + (i / kChunkElems) * kChunkStride + i % kChunkElems;
+        s.candidates[position++] = make_uint2(__float_as_uint(values[i]), col);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (values[i] >= threshold) {
+        const uint32_t col = first_col + (i / kChunkElems) * kChunkStride + i % kChunkElems;
+        sink.Put(s, position++, make_uint2(__float_as_uint(values[i]), col));
+      }
+    }
+  }
+}
+
+// One tile of kFilterTile columns from `tile` (16-byte aligned), bounded by `end` if kBounded.
+template <bool kBounded>
+__device__ __forceinline__ void FilterTile(SharedStorage& s, const float* row, int tile, int end,
+                                           float threshold, const CandidateSink& sink) {
+  const uint32_t first = tile + kChunkElems * threadIdx.x;  // no wrap: tile < 2^31
+  const float* at = row + first;
+  float values[kFilterChunks * kChunkElems];
+#pragma unroll
+  for (int c = 0; c < kFilterChunks; ++c) {
+    const float4 chunk = LoadChunk<kBounded>(at + kChunkStride * c, int64_t{end} - first - kChunkStride * c);
+    values[kChunkElems * c + 0] = chunk.x;
+    values[kChunkElems * c + 1] = chunk.y;
+    values[kChunkElems * c + 2] = chunk.z;
+    values[kChunkElems * c + 3] = chunk.w;
+  }
+  float best = values[0];  // fmaxf skips NaN: best is NaN only if all are
+#pragma unroll
+  for (int i = 1; i < kFilterChunks * kChunkElems; ++i) best = fmaxf(best, values[i]);
+  if (!__any_sync(kFullMask, best >= threshold)) return;
+  AppendHits(s, sink, values, first, threshold);
+}
+
+// Appends every non-NaN value >= threshold of columns [begin, end) to the sink, in no particular
+// order; returns how many (also past the sink's capacity: the caller detects overflow from it).
+__device__ __forceinline__ int FilterColumns(SharedStorage& s, const float* row, int begin, int end,
+                                             float threshold, const CandidateSink& sink) {
+  if (threadIdx.x == 0) s.kept = 0;
+  __syncthreads();
+  const int aligned = AlignedColumn(row, begin, end);
+  if (aligned > begin && threadIdx.x < kWarpSize) {  // the scalar head, one column per lane
+    const int offset = static_cast<int>(threadIdx.x);
+    const float head[1] = {offset < aligned - begin ? __ldcs(row + begin + offset) : __uint_as_float(kNanBits)};
+    AppendHits(s, sink, head, static_cast<uint32_t>(begin) + offset, threshold);
+  }
+  int tile = aligned;
+  for (; end - tile >= kFilterTile; tile += kFilterTile) {
+    PrefetchToL2(row, int64_t{tile} + kPrefetchAhead, end, kFilterTile);
+    FilterTile<false>(s, row, tile, end, threshold, sink);
+  }
+  if (tile < end) FilterTile<true>(s, row, tile, end, threshold, sink);
+  __syncthreads();
+  const int kept = s.kept;
+  __syncthreads();  // a retry resets s.kept
+  return kept;
 }
 
 // ---------------------------------------------------------------------------------------------
-// The block-wide steps. Every function is called by all threads with block-uniform arguments.
+// Radix selection. Every function is called by all threads with block-uniform arguments.
 
-// Block-wide exclusive prefix of per-thread chunk counts. A thread's counts (<= 4 each) go
-// through the warp scan as bytes of a word: bytes 0-3 greater items of chunks 0-3, bytes 4-7
-// (only with a 64-bit Word) equal items; a warp's sums stay <= 128. Across warps they are
-// widened to 16-bit fields (a block's sums stay <= 2048). `total` gets the block's sums.
-__device__ __forceinline__ uint64_t WidenBytes(uint32_t bytes) {
-  const uint64_t x = bytes;
-  return (x & 0xFFull) | ((x & 0xFF00ull) << 8) | ((x & 0xFF0000ull) << 16) | ((x & 0xFF000000ull) << 24);
-}
-template <class Word>
-__device__ __forceinline__ PackedCounts ExclusiveScanCounts(SharedStorage& s, Word mine, PackedCounts& total) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  Word inclusive = mine;
-#pragma unroll
-  for (int offset = 1; offset < kWarpSize; offset *= 2) {
-    const Word other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
-  if (lane == kWarpSize - 1) s.warp_counts[warp] = inclusive;
-  __syncthreads();
-  const uint64_t in_warp = inclusive - mine;
-  PackedCounts before{WidenBytes(static_cast<uint32_t>(in_warp)), WidenBytes(static_cast<uint32_t>(in_warp >> 32))};
-  total = PackedCounts{0, 0};
-#pragma unroll
-  for (int w = 0; w < kWarpsPerBlock; ++w) {
-    const uint64_t counts = s.warp_counts[w];
-    const uint64_t greater = WidenBytes(static_cast<uint32_t>(counts));
-    const uint64_t equal = sizeof(Word) == 8 ? WidenBytes(static_cast<uint32_t>(counts >> 32)) : 0;
-    if (w < warp) {
-      before.greater += greater;
-      before.equal += equal;
-    }
-    total.greater += greater;
-    total.equal += equal;
-  }
-  return before;
-}
-
-// Admits items in column order into the sink, each at its rank among the admitted; returns the
-// number admitted (also past the sink's capacity: the caller detects overflow from it).
-// kTieQuota == false: every valid item with key >= threshold (the filtering pass).
-// kTieQuota == true: every key > threshold and the first tie_quota keys == threshold (the result).
-template <bool kTieQuota, class Source>
-__device__ __forceinline__ int OrderedSelect(SharedStorage& s, const Source& source, uint32_t threshold,
-                                             int tie_quota, const CandidateSink& sink) {
-  using Word = typename std::conditional<kTieQuota, uint64_t, uint32_t>::type;
-  constexpr int kChunks = kTieQuota ? kSelectChunks : kStreamChunks;
-  int greater_before = 0;  // block-uniform totals of the tiles already visited
-  int equal_before = 0;
-  source.template ForEachTile<kChunks>([&](const auto& tile) {
-    uint32_t greater_mask = 0;  // bit `item`: admitted outright
-    uint32_t equal_mask = 0;    // bit `item`: a tie, admitted while the quota lasts
-#pragma unroll
-    for (int item = 0; item < kChunks * kChunkElems; ++item) {
-      const bool valid = (tile.valid >> item) & 1u;
-      const uint32_t key = tile.key[item];
-      greater_mask |= static_cast<uint32_t>(valid && (kTieQuota ? key > threshold : key >= threshold)) << item;
-      if (kTieQuota) equal_mask |= static_cast<uint32_t>(valid && key == threshold) << item;
-    }
-    Word mine = 0;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const uint32_t chunk_bits = (1u << kChunkElems) - 1u;
-      mine |= static_cast<Word>(__popc((greater_mask >> (c * kChunkElems)) & chunk_bits)) << (8 * c);
-      if (kTieQuota) {
-        mine |= static_cast<Word>(__popc((equal_mask >> (c * kChunkElems)) & chunk_bits))
-                << ((32 + 8 * c) % (8 * sizeof(Word)));
-      }
-    }
-    PackedCounts total;
-    const PackedCounts before = ExclusiveScanCounts<Word>(s, mine, total);
-    // Field c: items of all earlier chunks of the tile, plus this chunk's items in earlier threads.
-    const uint64_t greater_base = ((total.greater * kFieldPrefixMul) << 16) + before.greater;
-    const uint64_t equal_base = ((total.equal * kFieldPrefixMul) << 16) + before.equal;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      int greater = greater_before + Field(greater_base, c);
-      int equal = equal_before + Field(equal_base, c);
-#pragma unroll
-      for (int e = 0; e < kChunkElems; ++e) {
-        const int item = c * kChunkElems + e;
-        const bool is_greater = (greater_mask >> item) & 1u;
-        const bool is_equal = (equal_mask >> item) & 1u;
-        if (is_greater || (is_equal && equal < tie_quota)) {
-          const int position = is_greater ? greater + min(equal, tie_quota) : greater + equal;
-          sink.Put(s, position, tile.Col(item), tile.KeyAgain(item));
-        }
-        greater += is_greater;
-        equal += is_equal;
-      }
-    }
-    greater_before += static_cast<int>((total.greater * kFieldPrefixMul) >> 48);
-    equal_before += static_cast<int>((total.equal * kFieldPrefixMul) >> 48);
-    __syncthreads();  // warp_counts is reused by the next tile
-  });
-  return greater_before + min(equal_before, tie_quota);
-}
-
-// Histogram of digit (key >> shift) & digit_mask over the valid items whose key matches
-// `prefix` on `prefix_mask`. Equal digits of a warp are added once (rows of equal values
-// would otherwise serialise on one shared-memory address).
-template <class Source>
-__device__ __forceinline__ void DigitHistogram(SharedStorage& s, const Source& source, uint32_t prefix,
-                               uint32_t prefix_mask, int shift, uint32_t digit_mask) {
-  for (int b = threadIdx.x; b <= kDigitBins; b += kThreadsPerBlock) s.hist[b] = 0;
-  __syncthreads();
-  const int lane = threadIdx.x % kWarpSize;
-  source.template ForEachTile<kStreamChunks>([&](const auto& tile) {
-#pragma unroll
-    for (int item = 0; item < kStreamChunks * kChunkElems; ++item) {
-      const uint32_t key = tile.key[item];
-      const bool counted = ((tile.valid >> item) & 1u) && (key & prefix_mask) == prefix;
-      if (!__any_sync(0xFFFFFFFFu, counted)) continue;
-      const uint32_t digit = counted ? (key >> shift) & digit_mask : 0xFFFFFFFFu;
-      const uint32_t peers = __match_any_sync(0xFFFFFFFFu, digit);
-      if (counted && lane == __ffs(peers) - 1) atomicAdd(&s.hist[digit], __popc(peers));
-    }
+// Histogram of digit `digit` of the projected values whose higher digits equal `prefix`.
+template <class Source, class Project>
+__device__ __forceinline__ void DigitHistogram(SharedStorage& s, const Source& source, const Project& project,
+                                               uint32_t prefix, uint32_t prefix_mask, int digit) {
+  const int shift = DigitShift(digit);
+  const uint32_t digit_mask = DigitMask(digit);
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    uint32_t value = 0;
+    const bool counted = valid && project(bits, col, value) && (value & prefix_mask) == prefix;
+    AddToHistogram(s.hist, (value >> shift) & digit_mask, counted);
   });
   __syncthreads();
 }
 
-// hist[b] becomes the number of items in bins >= b.
-__device__ __forceinline__ void SuffixSumsInPlace(SharedStorage& s) {
+// The bins holding the rank_a-th and rank_b-th largest histogram items (a rank of 0 or past the
+// total finds nothing), and the total. Leaves the histogram zeroed for its next use.
+struct BinSearch {
+  BinFound a;
+  BinFound b;
+  uint32_t total;
+};
+__device__ __forceinline__ BinSearch FindBins(SharedStorage& s, uint32_t rank_a, uint32_t rank_b) {
   uint32_t counts[kBinsPerThread];
   uint32_t mine = 0;
 #pragma unroll
   for (int j = 0; j < kBinsPerThread; ++j) {  // thread 0 owns the top bins
-    counts[j] = s.hist[kDigitBins - 1 - (threadIdx.x * kBinsPerThread + j)];
+    const int bin = kDigitBins - 1 - (static_cast<int>(threadIdx.x) * kBinsPerThread + j);
+    counts[j] = s.hist[bin];
+    s.hist[bin] = 0;
     mine += counts[j];
   }
   uint32_t above;
-  BinScan(s.bin_scan).ExclusiveSum(mine, above);
+  uint32_t total;
+  BinScan(s.bin_scan).ExclusiveSum(mine, above, total);
 #pragma unroll
   for (int j = 0; j < kBinsPerThread; ++j) {
+    const uint32_t bin = kDigitBins - 1 - (threadIdx.x * kBinsPerThread + j);
+    if (above < rank_a && rank_a <= above + counts[j]) s.found[0] = {bin, above, counts[j]};
+    if (above < rank_b && rank_b <= above + counts[j]) s.found[1] = {bin, above, counts[j]};
     above += counts[j];
-    s.hist[kDigitBins - 1 - (threadIdx.x * kBinsPerThread + j)] = above;
   }
+  __syncthreads();
+  return {s.found[0], s.found[1], total};
+}
+
+// Copies the projected values of the group `prefix` into the frontier.
+template <class Source, class Project>
+__device__ __forceinline__ void CompactGroup(SharedStorage& s, const Source& source, const Project& project,
+                                             uint32_t prefix, uint32_t prefix_mask) {
+  if (threadIdx.x == 0) s.frontier_count = 0;
+  __syncthreads();
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    uint32_t value = 0;
+    const bool member = valid && project(bits, col, value) && (value & prefix_mask) == prefix;
+    const int position = WarpReserve(&s.frontier_count, member);
+    if (member) s.work.frontier[position] = value;
+  });
   __syncthreads();
 }
 
-// After SuffixSumsInPlace: the bin holding the rank-th largest item (1 <= rank <= hist[0]),
-// and how many items lie in the bins above it.
-struct RankBin {
-  uint32_t bin;
-  uint32_t above;
+// The rank-th largest projected value, how many items of it are needed to make up `rank`
+// (quota) and how many there are (group). Fewer than rank items take part: all = true.
+struct RankValue {
+  uint32_t value;
+  int quota;
+  int group;
+  bool all;
 };
-__device__ __forceinline__ RankBin BinForRank(SharedStorage& s, uint32_t rank) {
-#pragma unroll
-  for (int j = 0; j < kBinsPerThread; ++j) {
-    const int b = threadIdx.x * kBinsPerThread + j;
-    if (s.hist[b] >= rank && s.hist[b + 1] < rank) {
-      s.found_bin = b;
-      s.found_above = s.hist[b + 1];
+template <class Source, class Project>
+__device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Source& source, const Project& project,
+                                                   int rank) {
+  DigitHistogram(s, source, project, 0, 0, 0);
+  const BinSearch first = FindBins(s, rank, 0);
+  if (first.total < static_cast<uint32_t>(rank)) return {0, 0, 0, true};
+  uint32_t prefix = first.a.bin << DigitShift(0);
+  uint32_t prefix_mask = DigitMask(0) << DigitShift(0);
+  uint32_t remaining = rank - first.a.above;  // the groups above are committed
+  uint32_t group = first.a.count;
+  // The boundary group usually is a small part of the source: later digits look at it alone.
+  const bool compacted = group <= kFrontierCapacity;
+  if (compacted) CompactGroup(s, source, project, prefix, prefix_mask);
+  const FrontierSource frontier{s.work.frontier, static_cast<int>(group)};
+  for (int digit = 1; digit < kNumDigits; ++digit) {
+    if (compacted) {
+      DigitHistogram(s, frontier, AsProjected{}, prefix, prefix_mask, digit);
+    } else {
+      DigitHistogram(s, source, project, prefix, prefix_mask, digit);
     }
+    const BinFound found = FindBins(s, remaining, 0).a;
+    remaining -= found.above;
+    group = found.count;
+    prefix |= found.bin << DigitShift(digit);
+    prefix_mask |= DigitMask(digit) << DigitShift(digit);
   }
+  return {prefix, static_cast<int>(remaining), static_cast<int>(group), false};
+}
+
+// Puts the winners in s.work.selected, in no particular order: every item with a key above
+// kth_key, and those equal to it at columns <= column_limit. Returns how many.
+template <class Source>
+__device__ __forceinline__ int GatherWinners(SharedStorage& s, const Source& source, uint32_t kth_key,
+                                             uint32_t column_limit) {
+  if (threadIdx.x == 0) s.selected_count = 0;
   __syncthreads();
-  const RankBin found{s.found_bin, s.found_above};
-  __syncthreads();  // found_* are rewritten by the next call
-  return found;
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    const uint32_t key = OrderedKeyF32(bits);
+    const bool wins = valid && (key > kth_key || (key == kth_key && static_cast<uint32_t>(col) <= column_limit));
+    const int position = WarpReserve(&s.selected_count, wins);
+    if (wins && position < kMaxK) {
+      s.work.selected.bits[position] = bits;
+      s.work.selected.col[position] = static_cast<uint32_t>(col);
+    }
+  });
+  __syncthreads();
+  return min(s.selected_count, kMaxK);
 }
 
-// The k-th largest key of a source and how many items equal to it are selected (ties go to
-// the lowest columns). Fewer than k valid items: key 0 (below every non-NaN key), quota 0.
-struct KthKey {
-  uint32_t key;
-  int tie_quota;
-};
+// The exact top-k of a source (ties to the lowest columns) into s.work.selected; returns
+// min(k, valid items).
 template <class Source>
-__device__ __forceinline__ KthKey FindKthKey(SharedStorage& s, const Source& source, int k) {
-  uint32_t prefix = 0;
-  uint32_t prefix_mask = 0;
-  uint32_t rank = k;
-  for (int digit = 0; digit < kNumDigits; ++digit) {
-    const int shift = DigitShift(digit);
-    DigitHistogram(s, source, prefix, prefix_mask, shift, DigitMask(digit));
-    SuffixSumsInPlace(s);
-    if (digit == 0 && s.hist[0] <= static_cast<uint32_t>(k)) return {0, 0};
-    const RankBin found = BinForRank(s, rank);
-    rank -= found.above;  // the groups above are committed; the boundary group carries on
-    prefix |= found.bin << shift;
-    prefix_mask |= DigitMask(digit) << shift;
+__device__ __forceinline__ int SelectTopK(SharedStorage& s, const Source& source, int k) {
+  const RankValue kth = FindRankValue(s, source, KeyOfValue{}, k);
+  if (kth.all) return GatherWinners(s, source, 0, 0);  // every valid key is above 0
+  uint32_t column_limit = 0xFFFFFFFFu;
+  if (kth.quota < kth.group) {
+    column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
   }
-  return {prefix, static_cast<int>(rank)};
-}
-
-// The exact top-k of a source into staging, in column order. Returns how many (min(k, valid)).
-template <class Source>
-__device__ __forceinline__ int SelectIntoStaging(SharedStorage& s, const Source& source, int k) {
-  const KthKey kth = FindKthKey(s, source, k);
-  const CandidateSink staging{true, kMaxK, nullptr, 0};
-  return OrderedSelect<true>(s, source, kth.key, kth.tie_quota, staging);
+  return GatherWinners(s, source, kth.value, column_limit);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The sample: cutoffs that keep about kRetention * k candidates of the row.
 
-// Compacts the sampled non-NaN keys into the candidate key array; returns the sampled positions.
-__device__ __forceinline__ int64_t GatherSample(SharedStorage& s, const float* row, int64_t length, int64_t row_index) {
-  const int64_t lines = (length + kSampleLineElems - 1) / kSampleLineElems;
-  const int64_t wanted_stride = (lines + kSampleLines - 1) / kSampleLines;
-  const int64_t stride = wanted_stride > kMinSampleStride ? wanted_stride : kMinSampleStride;
-  const int64_t phase = row_index % stride;  // consecutive rows sample different lines
-  const int64_t sampled_lines = (lines - phase + stride - 1) / stride;
+// This thread's share of a regular sample of whole lines; `positions` gets the sampled count.
+__device__ __forceinline__ SampleSource LoadSample(const float* row, int length, int64_t row_index,
+                                                   int& positions) {
+  const int lines = length / kSampleLineElems + (length % kSampleLineElems != 0);
+  const int wanted_stride = lines / kSampleLines + (lines % kSampleLines != 0);
+  const int stride = wanted_stride > kMinSampleStride ? wanted_stride : kMinSampleStride;
+  const int phase = static_cast<int>(row_index % stride);  // consecutive rows sample different lines
+  const int sampled_lines = (lines - phase - 1) / stride + 1;  // lines > phase: length > 8 lines
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  if (threadIdx.x == 0) s.sample_count = 0;
-  __syncthreads();
-  float values[kSampleLinesPerWarp];
-#pragma unroll
-  for (int j = 0; j < kSampleLinesPerWarp; ++j) {  // all loads first: they are latency-bound
-    const int64_t line = warp + kWarpsPerBlock * j;
-    const int64_t col = (phase + line * stride) * kSampleLineElems + lane;
-    values[j] = line < sampled_lines && col < length ? __ldg(row + col) : __int_as_float(0x7FFFFFFF);
-  }
+  SampleSource sample;
 #pragma unroll
   for (int j = 0; j < kSampleLinesPerWarp; ++j) {
-    const uint32_t bits = __float_as_uint(values[j]);
-    const bool keep = !IsNanF32(bits);
-    const uint32_t kept = __ballot_sync(0xFFFFFFFFu, keep);
-    int base = 0;
-    if (lane == 0 && kept != 0) base = atomicAdd(&s.sample_count, __popc(kept));
-    base = __shfl_sync(0xFFFFFFFFu, base, 0);
-    if (keep) s.region.candidates.key[base + __popc(kept & ((1u << lane) - 1))] = OrderedKeyF32(bits);
+    const int line = warp + kWarpsPerBlock * j;
+    const int64_t col = int64_t{phase + line * stride} * kSampleLineElems + lane;  // line * stride < lines
+    sample.values[j] = line < sampled_lines && col < length ? __ldg(row + col) : __uint_as_float(kNanBits);
   }
-  __syncthreads();
-  return sampled_lines * kSampleLineElems;
+  positions = sampled_lines * kSampleLineElems;
+  return sample;
 }
 
-__device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* row, int64_t length,
-                                 int64_t row_index, int k) {
+__device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* row, int length,
+                                                 int64_t row_index, int k) {
   if (length <= kSharedCandidates) return {0, 0};  // short rows are kept whole
-  const int64_t positions = GatherSample(s, row, length, row_index);
-  const BufferSource sample{s.region.candidates.key, s.region.candidates.col, kSharedCandidates,
-                            nullptr, s.sample_count};
+  int positions = 0;
+  const SampleSource sample = LoadSample(row, length, row_index, positions);
   // Sampled rank whose key leaves ~kRetention * k row items above it (positions <= 4096).
   const int64_t primary_rank =
       (kRetention * static_cast<int64_t>(k) * positions + length - 1) / length + kRankSlack;
   const int64_t secondary_rank = kSecondaryFactor * primary_rank + kRankSlack;
-  DigitHistogram(s, sample, 0, 0, DigitShift(0), DigitMask(0));
-  SuffixSumsInPlace(s);
-  const int64_t sampled = s.hist[0];
-  if (primary_rank > sampled) return {0, 0};
-  const RankBin coarse = BinForRank(s, static_cast<uint32_t>(primary_rank));
-  const uint32_t secondary =
-      secondary_rank > sampled ? 0 : BinForRank(s, static_cast<uint32_t>(secondary_rank)).bin << DigitShift(0);
+  DigitHistogram(s, sample, KeyOfValue{}, 0, 0, 0);
+  const BinSearch coarse =
+      FindBins(s, static_cast<uint32_t>(primary_rank), static_cast<uint32_t>(secondary_rank));
+  if (primary_rank > coarse.total) return {0, 0};
+  const uint32_t secondary = secondary_rank > coarse.total ? 0 : coarse.b.bin << DigitShift(0);
   // Refine the primary within its coarse bin with the next 11 bits of the sampled keys.
-  const uint32_t coarse_prefix = coarse.bin << DigitShift(0);
-  DigitHistogram(s, sample, coarse_prefix, DigitMask(0) << DigitShift(0), DigitShift(1), DigitMask(1));
-  SuffixSumsInPlace(s);
-  const RankBin fine = BinForRank(s, static_cast<uint32_t>(primary_rank) - coarse.above);
+  const uint32_t coarse_prefix = coarse.a.bin << DigitShift(0);
+  DigitHistogram(s, sample, KeyOfValue{}, coarse_prefix, DigitMask(0) << DigitShift(0), 1);
+  const BinFound fine = FindBins(s, static_cast<uint32_t>(primary_rank) - coarse.a.above, 0).a;
   return {coarse_prefix | (fine.bin << DigitShift(1)), secondary};
 }
 
@@ -545,10 +605,10 @@ struct FilteredLaunch {
 };
 
 // The row's valid length, or -1 when the row is masked out by num_valid_rows.
-__device__ __forceinline__ int64_t RowLength(const TopkProblem& problem, int64_t row) {
+__device__ __forceinline__ int RowLength(const TopkProblem& problem, int64_t row) {
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) return -1;
-  if (problem.lengths == nullptr) return problem.width;
-  return ClampLength(problem.lengths[row], problem.width);
+  if (problem.lengths == nullptr) return static_cast<int>(problem.width);
+  return static_cast<int>(ClampLength(problem.lengths[row], problem.width));  // width <= INT_MAX
 }
 
 // This block's overflow slice: its own, so concurrent blocks never share one.
@@ -575,171 +635,193 @@ __device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkPro
   __syncthreads();
 }
 
-// Selects the job's row into staging: the primary cutoff (unless known short), the secondary,
-// then the exact route over the row. Kept candidates go to shared memory, then to the slice.
-__device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaunch& launch,
-                                            bool primary_known_short) {
+// Selects the job's row into s.work.selected, trying in turn the primary cutoff, the secondary
+// and the exact route over the row. Kept candidates go to shared memory, then to the slice.
+// `attempt` is the first cutoff to try (1: the primary is known short); kept >= 0 says its
+// candidates are in s.candidates already (merged by a split finisher).
+__device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaunch& launch, int attempt, int kept) {
   const int k = launch.problem.k;
-  const CandidateSink keep{false, kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
-  for (int attempt = primary_known_short ? 1 : 0; attempt < 2; ++attempt) {
+  const float* row = JobScores(s, launch.problem);
+  const CandidateSink keep{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
+  for (; attempt < 2; ++attempt, kept = -1) {
     const uint32_t cutoff = attempt == 0 ? s.job.cutoffs.primary : s.job.cutoffs.secondary;
     if (attempt == 1 && cutoff == s.job.cutoffs.primary) break;  // same band: known short
-    const RowSource whole_row{JobScores(s, launch.problem), 0, s.job.length};
-    const int kept = OrderedSelect<false>(s, whole_row, cutoff, 0, keep);
+    if (kept < 0) kept = FilterColumns(s, row, 0, s.job.length, KeepThreshold(cutoff), keep);
     if (kept > keep.Capacity()) break;  // overflow: the exact route re-reads the row
-    if (kept >= k || cutoff == 0) return SelectIntoStaging(s, KeptCandidates(s, keep, kept), k);
+    if (kept >= k || KeepsAll(cutoff)) {
+      return SelectTopK(s, CandidateSource{s.candidates, keep.shared_capacity, keep.global, kept}, k);
+    }
   }
-  const RowSource whole_row{JobScores(s, launch.problem), 0, s.job.length};
-  return SelectIntoStaging(s, whole_row, k);
+  return SelectTopK(s, RowSource{row, 0, s.job.length}, k);
 }
 
-// Writes the m staged results (then -1s), by key when sorted, page-transformed, coalesced.
-__device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& problem, int64_t row, int m) {
+// Writes the m selected columns (then -1s): ascending, or by key descending then column
+// ascending when sorted; page-transformed, coalesced.
+__device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& problem, int m) {
   const int k = problem.k;
-  int32_t* out = problem.out + row * k;
+  int32_t* out = problem.out + s.job.row * k;
   const int32_t* page_row = nullptr;
   if (problem.page_table != nullptr && m > 0) {
     page_row = problem.page_table +
-               TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages;
+               TableRowFor(s.job.row, problem.table_rows, problem.table_count) * problem.pages;
   }
-  if (problem.sorted && m > 1) {
-    uint32_t keys[kSortItemsPerThread];
-    int32_t cols[kSortItemsPerThread];
+  uint32_t cols[kSortItemsPerThread];
+  uint32_t keys[kSortItemsPerThread];
 #pragma unroll
-    for (int j = 0; j < kSortItemsPerThread; ++j) {  // column order in, blocked: ties stay stable
-      const int slot = threadIdx.x * kSortItemsPerThread + j;
-      keys[j] = slot < m ? s.staging_key[slot] : 0;  // 0 is below every non-NaN key
-      cols[j] = slot < m ? s.staging_col[slot] : kEmptySlot;
+  for (int j = 0; j < kSortItemsPerThread; ++j) {  // blocked; padding sorts last both ways
+    const int slot = threadIdx.x * kSortItemsPerThread + j;
+    cols[j] = slot < m ? s.work.selected.col[slot] : 0xFFFFFFFFu;
+    keys[j] = slot < m ? OrderedKeyF32(s.work.selected.bits[slot]) : 0u;  // 0: below every key
+  }
+  __syncthreads();  // the sort storage aliases the selection
+  if (m > 1) {
+    // Columns are < length < 2^column_bits, so the padding stays above them.
+    const int column_bits = 32 - __clz(static_cast<int>(s.job.length));
+    if (problem.sorted) {
+      RankSort sort(s.work.rank_sort);
+      sort.Sort(cols, keys, 0, column_bits);  // then a stable sort by key keeps ties in column order
+      __syncthreads();
+      sort.SortDescendingBlockedToStriped(keys, cols, 0, 32);
+    } else {
+      ColumnSort(s.work.column_sort).SortBlockedToStriped(cols, 0, column_bits);
     }
-    ResultSort(s.region.sort).SortDescendingBlockedToStriped(keys, cols, 0, 32);
+  }  // m <= 1: slot 0 sits in the same place blocked and striped
 #pragma unroll
-    for (int j = 0; j < kSortItemsPerThread; ++j) {
-      const int slot = threadIdx.x + kThreadsPerBlock * j;
-      if (slot < k) {
-        out[slot] = cols[j] == kEmptySlot ? kEmptySlot
-                                          : PageTransform(cols[j], page_row, problem.log2_page_size);
-      }
-    }
-  } else {
-    for (int slot = threadIdx.x; slot < k; slot += kThreadsPerBlock) {
-      out[slot] = slot < m ? PageTransform(s.staging_col[slot], page_row, problem.log2_page_size)
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    const int slot = threadIdx.x + kThreadsPerBlock * j;
+    if (slot < k) {
+      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(cols[j]), page_row, problem.log2_page_size)
                            : kEmptySlot;
     }
   }
-  __syncthreads();  // staging and the sort storage are reused by the next row
+  __syncthreads();  // the sort storage is reused by the next row
 }
 
 // A whole row by one block.
-__device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaunch& launch, int64_t row) {
-  StartJob(s, launch.problem, row);
+__device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaunch& launch) {
   int m = 0;
-  if (s.job.length >= 0) {
+  if (s.job.length > 0) {
+    PrefetchToL2(JobScores(s, launch.problem), 0, s.job.length, kPrefetchAhead);
     SampleJobCutoffs(s, launch.problem);
-    m = SelectJobRow(s, launch, false);
+    m = SelectJobRow(s, launch, 0, -1);
   }
-  WriteRow(s, launch.problem, s.job.row, m);
+  WriteRow(s, launch.problem, m);
 }
 
-// Split mode: block `item` keeps the candidates of part `item % parts` of row `item / parts`
-// in its slice; the last part of the row to arrive merges them (part order is column order)
-// when they settle the row, or else does the row whole. Masked and short rows: part 0 alone.
-__device__ __forceinline__ bool CollectSplitPart(SharedStorage& s, const FilteredLaunch& launch);
-__device__ __forceinline__ int MergeSplitParts(SharedStorage& s, const FilteredLaunch& launch);
+// ---------------------------------------------------------------------------------------------
+// Split mode: block b serves part b % parts of row b / parts and keeps its candidates in its
+// slice; the last part of the row to arrive merges them when they settle the row, or else does
+// the row whole. Masked and short rows use fewer parts (part 0 alone does the row whole).
 
-__device__ __forceinline__ void RunSplitPart(SharedStorage& s, const FilteredLaunch& launch, int64_t item) {
-  StartJob(s, launch.problem, item / launch.parts);
-  const int part = static_cast<int>(item % launch.parts);
-  const int64_t useful_parts = (s.job.length + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
-  const int parts = static_cast<int>(useful_parts < launch.parts ? useful_parts : launch.parts);
-  if (part >= (parts > 1 ? parts : 1)) return;
-  int m = 0;
-  if (s.job.length >= 0) {
-    if (threadIdx.x == 0) s.job.parts = parts > 1 ? parts : 1;
-    SampleJobCutoffs(s, launch.problem);  // identical in every part; syncs
-    m = -1;
-    if (s.job.parts > 1) {
-      if (!CollectSplitPart(s, launch)) return;  // another part finishes the row
-      m = MergeSplitParts(s, launch);
-    }
-    if (m < 0) m = SelectJobRow(s, launch, s.job.parts > 1 && s.flag);
-  }
-  WriteRow(s, launch.problem, s.job.row, m);
-  if (threadIdx.x == 0 && s.job.length >= 0 && s.job.parts > 1) {
-    launch.parts_arrived[s.job.row] = 0;  // leave the counters zeroed
-  }
+__device__ __forceinline__ int SplitParts(int length, int launch_parts) {
+  const int useful = length / kFilteredSplitPartColumns + (length % kFilteredSplitPartColumns > 0);
+  return useful > 1 ? (useful < launch_parts ? useful : launch_parts) : 1;
 }
 
-// Keeps this part's candidates at the primary cutoff in the slice and publishes their count.
-// Returns whether this block is the last part of the row to arrive.
-__device__ __forceinline__ bool CollectSplitPart(SharedStorage& s, const FilteredLaunch& launch) {
-  // Part boundaries are rounded down to 32 columns so that parts keep the row's alignment.
-  const int part = static_cast<int>(blockIdx.x % launch.parts);
-  const int64_t length = s.job.length;
-  const int parts = s.job.parts;
-  const int64_t begin = (length * part / parts) & ~int64_t{31};
-  const int64_t end = part + 1 == parts ? length : (length * (part + 1) / parts) & ~int64_t{31};
-  const RowSource columns{JobScores(s, launch.problem), begin, end};
-  const CandidateSink part_sink{false, 0, WorkerSlice(launch), launch.slice_entries};
-  const int kept = OrderedSelect<false>(s, columns, s.job.cutoffs.primary, 0, part_sink);
+// Publishes this part's kept count; returns whether this block is the last part of the row to
+// arrive (it then sees every part's candidates).
+__device__ __forceinline__ bool ArriveLast(SharedStorage& s, const FilteredLaunch& launch, int kept, int parts) {
   if (threadIdx.x == 0) launch.part_kept[blockIdx.x] = kept;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned arrived = atomicAdd(&launch.parts_arrived[s.job.row], 1u);
-    s.flag = arrived == static_cast<unsigned>(s.job.parts - 1);
+    s.last_part = arrived == static_cast<unsigned>(parts - 1);
   }
   __syncthreads();
-  const bool last = s.flag;
-  __syncthreads();  // flag is rewritten by MergeSplitParts
+  const bool last = s.last_part;
   if (last) __threadfence();
   return last;
 }
 
-// The finisher: when the parts' candidates settle the row (none dropped, they fit in shared
-// memory, and at least k of them or the cutoff kept everything), merges them, selects into
-// staging and returns how many. Otherwise returns -1, with s.flag telling whether the primary
-// cutoff came up short.
-__device__ __forceinline__ int MergeSplitParts(SharedStorage& s, const FilteredLaunch& launch) {
-  const int k = launch.problem.k;
-  const int64_t first_item = s.job.row * launch.parts;
-  int total = 0;
-  bool overflow = false;
-  for (int p = 0; p < s.job.parts; ++p) {
-    const int part_kept = __ldcg(launch.part_kept + first_item + p);
-    overflow |= part_kept > launch.slice_entries;
-    total += part_kept < launch.slice_entries ? part_kept : launch.slice_entries;
+// The part whose merged range holds `entry` (part_offset is non-decreasing).
+__device__ __forceinline__ int PartHolding(const SharedStorage& s, uint32_t entry, int parts) {
+  int part = 0;
+#pragma unroll
+  for (int step = kMaxParts / 2; step > 0; step /= 2) {
+    if (part + step < parts && s.part_offset[part + step] <= entry) part += step;
   }
-  if (overflow || total > kSharedCandidates || (total < k && s.job.cutoffs.primary != 0)) {
-    if (threadIdx.x == 0) s.flag = !overflow && total < k;
-    __syncthreads();
-    return -1;
-  }
-  int offset = 0;
-  for (int p = 0; p < s.job.parts; ++p) {
-    const int part_kept = __ldcg(launch.part_kept + first_item + p);
-    const uint2* part_slice = launch.slices + (first_item + p) * launch.slice_entries;
-    for (int e = threadIdx.x; e < part_kept; e += kThreadsPerBlock) {
-      const uint2 pair = __ldcg(part_slice + e);
-      s.region.candidates.col[offset + e] = static_cast<int32_t>(pair.x);
-      s.region.candidates.key[offset + e] = pair.y;
-    }
-    offset += part_kept;
-  }
-  __syncthreads();
-  const BufferSource merged{s.region.candidates.key, s.region.candidates.col, kSharedCandidates,
-                            nullptr, total};
-  return SelectIntoStaging(s, merged, k);
+  return part;
 }
 
-// One launch: split mode (kSplit: block b serves part b % parts of row b / parts) or a
-// persistent pool of workers taking whole rows from the queue in completion order.
+// The finisher: when the parts' candidates settle the row (none dropped, they fit in shared
+// memory, and at least k of them or the cutoff kept everything), merges them into s.candidates
+// and returns how many. Otherwise returns -1, with attempt = 1 when the primary came up short.
+__device__ __forceinline__ int MergeParts(SharedStorage& s, const FilteredLaunch& launch, int parts, int& attempt) {
+  const int64_t first_item = s.job.row * launch.parts;
+  const int kept = static_cast<int>(threadIdx.x) < parts ? __ldcg(launch.part_kept + first_item + threadIdx.x) : 0;
+  const bool overflow = __syncthreads_or(kept > launch.slice_entries);
+  uint32_t offset = 0;
+  uint32_t total = 0;
+  BinScan(s.bin_scan).ExclusiveSum(static_cast<uint32_t>(kept), offset, total);
+  if (static_cast<int>(threadIdx.x) < parts) s.part_offset[threadIdx.x] = offset;
+  __syncthreads();
+  const bool primary_short =
+      !overflow && total < static_cast<uint32_t>(launch.problem.k) && !KeepsAll(s.job.cutoffs.primary);
+  attempt = primary_short ? 1 : 0;
+  if (overflow || primary_short || total > kSharedCandidates) return -1;
+  const uint2* part_slices = launch.slices + first_item * launch.slice_entries;
+  for (uint32_t base = 0; base < total; base += kThreadsPerBlock * kMergeBatch) {
+    uint2 entries[kMergeBatch];
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {  // all loads first: they are latency-bound
+      const uint32_t entry = base + threadIdx.x + kThreadsPerBlock * j;
+      if (entry < total) {
+        const int part = PartHolding(s, entry, parts);
+        entries[j] = __ldcg(part_slices + static_cast<int64_t>(part) * launch.slice_entries +
+                            (entry - s.part_offset[part]));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const uint32_t entry = base + threadIdx.x + kThreadsPerBlock * j;
+      if (entry < total) s.candidates[entry] = entries[j];
+    }
+  }
+  __syncthreads();
+  return static_cast<int>(total);
+}
+
+// One part of a row; parts == 1: the whole row.
+__device__ __forceinline__ void RunSplitPart(SharedStorage& s, const FilteredLaunch& launch) {
+  StartJob(s, launch.problem, blockIdx.x / launch.parts);
+  const int part = static_cast<int>(blockIdx.x % launch.parts);
+  const int parts = SplitParts(s.job.length, launch.parts);
+  if (part >= parts) return;
+  int m = 0;
+  if (s.job.length > 0) {
+    // Part boundaries are rounded down to 32 columns so that parts keep the row's alignment.
+    const int64_t length = s.job.length;
+    const int begin = static_cast<int>((length * part / parts) & ~int64_t{31});
+    const int end = part + 1 == parts ? s.job.length : static_cast<int>((length * (part + 1) / parts) & ~int64_t{31});
+    PrefetchToL2(JobScores(s, launch.problem), begin, end, kPrefetchAhead);
+    SampleJobCutoffs(s, launch.problem);  // identical in every part
+    int attempt = 0;
+    int kept = -1;
+    if (parts > 1) {
+      const CandidateSink part_sink{0, WorkerSlice(launch), launch.slice_entries};
+      kept = FilterColumns(s, JobScores(s, launch.problem), begin, end, KeepThreshold(s.job.cutoffs.primary),
+                           part_sink);
+      if (!ArriveLast(s, launch, kept, parts)) return;
+      kept = MergeParts(s, launch, parts, attempt);
+    }
+    m = SelectJobRow(s, launch, attempt, kept);
+  }
+  WriteRow(s, launch.problem, m);
+  if (threadIdx.x == 0 && parts > 1) launch.parts_arrived[s.job.row] = 0;  // leave the counters zeroed
+}
+
+// One launch: split mode (kSplit) or a persistent pool of workers taking whole rows from the
+// queue in completion order.
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     TopkFilteredKernel(const FilteredLaunch launch) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(shared_bytes);
+  for (int bin = threadIdx.x; bin < kDigitBins; bin += kThreadsPerBlock) s.hist[bin] = 0;
+  __syncthreads();
   if (kSplit) {
-    RunSplitPart(s, launch, blockIdx.x);
+    RunSplitPart(s, launch);
     return;
   }
   const unsigned long long rows = static_cast<unsigned long long>(launch.problem.rows);
@@ -749,7 +831,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     const unsigned long long row = s.next_row;
     __syncthreads();
     if (row >= rows) break;
-    RunWholeRow(s, launch, static_cast<int64_t>(row));
+    StartJob(s, launch.problem, static_cast<int64_t>(row));
+    RunWholeRow(s, launch);
   }
   if (threadIdx.x == 0) {
     __threadfence();
@@ -783,7 +866,7 @@ struct WorkspacePlan {
   size_t header_bytes = 0;
   int slice_entries = 0;
   size_t parts_arrived_offset = 0;
-  size_t part_kept_offset = 0;
+  size_t part_kept_offset = 0;  // the counters before it need zeros
 };
 
 constexpr size_t kCounterBytes = 16;  // queue_next (8) + workers_done (4), padded
@@ -849,7 +932,7 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
                                 static_cast<int>(shared_bytes));
   if (status != cudaSuccess) return status;
   // The workspace is an XLA output buffer: garbage on entry. Only the counters need zeros.
-  status = cudaMemsetAsync(workspace, 0, plan.header_bytes, stream);
+  status = cudaMemsetAsync(workspace, 0, plan.part_kept_offset, stream);
   if (status != cudaSuccess) return status;
   kernel<<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes, stream>>>(launch);
   return cudaGetLastError();

@@ -381,6 +381,7 @@ def main(argv=None) -> int:
     print("time per call in us" + (" (device time)" if on_gpu else " (wall time, CPU)"))
     print(format_table(records))
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
         if args.report:

@@ -11,14 +11,14 @@ def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(60)
     cases = [
-        (jax_topk.topk_bf16, rng.standard_normal((64, 16383), np.float32).astype(jax.numpy.bfloat16),
+        (jax_topk.topk_bf16, rng.standard_normal((24, 16383), np.float32).astype(jax.numpy.bfloat16),
          dict(k=512, page_size=64)),
         (jax_topk.topk_bf16, rng.standard_normal((8, 4096), np.float32).astype(jax.numpy.bfloat16),
          dict(k=2048, sorted=True)),
-        (jax_topk.topk_filtered, rng.standard_normal((4, 300_001), np.float32), dict(k=2048)),
-        (jax_topk.topk_filtered, rng.standard_normal((300, 40_000), np.float32),
+        (jax_topk.topk_filtered, rng.standard_normal((3, 100_003), np.float32), dict(k=2048)),
+        (jax_topk.topk_filtered, rng.standard_normal((300, 12_000), np.float32),
          dict(k=512, sorted=True)),
-        (jax_topk.topk_filtered, np.full((2, 100_000), 3.0, np.float32), dict(k=2048)),
+        (jax_topk.topk_filtered, np.full((2, 30_000), 3.0, np.float32), dict(k=2048)),
     ]
     for fn, scores, kwargs in cases:
         rows, n = scores.shape
