@@ -58,8 +58,10 @@ constexpr int kSampleLineElems = kWarpSize;
 constexpr int kSampleLines = 128;
 constexpr int kSampleLinesPerWarp = kSampleLines / kWarpsPerBlock;
 constexpr int kMinSampleStride = 8;
-constexpr int kRetention = 2;
-constexpr int kRankSlack = 8;
+// Measured (benches/NOTES.md): 1 x k plus 32 ranks beats 2 x k plus 8 by 4-12 %; the slack
+// keeps the primary's under-fill (and its secondary re-read) rare.
+constexpr int kRetention = 1;
+constexpr int kRankSlack = 32;
 constexpr int kSecondaryFactor = 2;
 
 // The filtering pass pulls the row into L2 kPrefetchAhead columns ahead of its loads: memory
