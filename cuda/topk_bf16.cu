@@ -130,7 +130,12 @@ __device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int fi
   for (int step = 0; step < kElemsPerThread / kElemsPerStep; ++step) {
     const int column = first_column + step * kElemsPerStep;
     uint32_t* words = pairs + step * (kElemsPerStep / 2);
-    if (kElemsPerLoad > 1 && column + kElemsPerStep <= length) {
+    if (column >= length) {  // past this thread's slice (or the row): no load at all
+#pragma unroll
+      for (int pair = 0; pair < kElemsPerStep / 2; ++pair) {
+        words[pair] = kMaskedBits | (uint32_t{kMaskedBits} << 16);
+      }
+    } else if (kElemsPerLoad > 1 && column + kElemsPerStep <= length) {
       LoadWords<kElemsPerStep>(row_scores + column, words);
     } else {
 #pragma unroll
@@ -167,6 +172,16 @@ __device__ __forceinline__ int LoadSliceKeys(const uint16_t* row_scores, int fir
     key_pairs[pair] = KeyPairFromBits(key_pairs[pair], &masked);
   }
   return masked;
+}
+
+// Columns per thread for a row of `length`: the fewest (a multiple of 8, so every slice stays
+// 16-byte aligned) that cover the row with all threads, at most the register slice. A short row
+// in a wide array is spread over every thread, so no thread histograms more keys than it must.
+template <int kElemsPerThread>
+__device__ __forceinline__ int SliceElems(int length) {
+  static_assert(kElemsPerThread % 8 == 0, "slices are whole 16-byte vectors");
+  const int needed = ((length + kThreadsPerRow - 1) / kThreadsPerRow + 7) & ~7;
+  return needed < 8 ? 8 : (needed > kElemsPerThread ? kElemsPerThread : needed);
 }
 
 // The lowest `count` set bits of mask (count <= popcount(mask)).
@@ -225,9 +240,18 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
     shared.histograms.low[thread] = 0;
   }
   const uint16_t* row_scores = static_cast<const uint16_t*>(problem.scores) + row * problem.width;
-  const int first_column = thread * kElemsPerThread;
+  // Thread t owns columns [t * slice_elems, (t + 1) * slice_elems): thread order is still
+  // column order. Register slots past slice_elems hold masked keys and are never histogrammed
+  // (active_pairs is the same for the whole block, so skipping them does not diverge).
+  const int slice_elems = SliceElems<kElemsPerThread>(length);
+  const int active_pairs = slice_elems / 2;
+  const int first_column = thread * slice_elems;
+  const int slice_end = min(length, first_column + slice_elems);
   uint32_t key_pairs[kPairsPerThread];
-  const int masked = LoadSliceKeys<kElemsPerThread>(row_scores, first_column, length, key_pairs);
+  const int masked_loaded =
+      LoadSliceKeys<kElemsPerThread>(row_scores, first_column, slice_end, key_pairs);
+  // Every slot past slice_elems is masked; only the masked keys inside the slice are counted.
+  const int masked = masked_loaded - (kElemsPerThread - slice_elems);
   __syncthreads();
 
   // Pass 1: high byte. In key order +x and -x of one exponent land in bins b and 255 - b, whose
@@ -238,6 +262,7 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
   if (first_column < length) {
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
+      if (pair >= active_pairs) break;
       atomicAdd(&shared.histograms.high[(key_pairs[pair] >> kRadixBits) & kByteMask], 1);
       atomicAdd(&shared.histograms.high[key_pairs[pair] >> (kKeyBits + kRadixBits)], 1);
     }
@@ -262,6 +287,7 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
     if (first_column < length) {
 #pragma unroll
       for (int pair = 0; pair < kPairsPerThread; ++pair) {
+        if (pair >= active_pairs) break;
         const uint32_t key_pair = key_pairs[pair];
         if (((key_pair ^ high_bin_of_low_half) & (kByteMask << kRadixBits)) == 0) {
           atomicAdd(&shared.histograms.low[key_pair & kByteMask], 1);
