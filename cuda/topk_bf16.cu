@@ -1,6 +1,6 @@
 // topk_bf16: exact row-wise top-k of bf16 scores, one 512-thread block per row (SPEC section 1).
-// Each thread loads a contiguous slice of 8/16/32 scores once and keeps them in registers as
-// 16-bit ordered keys; NaN and columns >= length become key 0, below every candidate. Two 256-bin
+// Each thread loads a contiguous slice of scores (8-32, sized by the row's length) once and keeps
+// them in registers as 16-bit ordered keys; NaN and columns >= length become key 0. Two 256-bin
 // shared histograms (high byte, then low byte under the pivot's high byte) find the k-th largest
 // key exactly; one block scan of packed (greater, equal) counts gives each thread its output
 // position and its share of the equal quota (lowest columns first), so the selection is staged in
