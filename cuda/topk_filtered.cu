@@ -1,8 +1,8 @@
 // topk_filtered: exact top-k of long float32 rows (SPEC section 2). Per row, a regular 1/s sample
-// (row-dependent phase) proposes a cutoff keeping ~2k candidates, and a deeper secondary one. One
-// pass over the row (float4 loads, L2 prefetch ahead; a max-and-vote test per 16 values a thread)
-// appends the values >= cutoff, unordered, to shared memory then a per-worker workspace slice.
-// 11+11+10-bit radix selection over them (the boundary group compacted after the first digit)
+// (row-dependent phase) proposes a cutoff keeping ~k candidates (+ slack) and a deeper secondary.
+// One pass over the row (float4 loads, L2 prefetch ahead; a max-and-vote test per 16 values a
+// thread) appends the values >= cutoff, unordered, to shared memory then a per-worker workspace
+// slice. 11+11+10-bit radix selection over them (boundary group compacted after the first digit)
 // finds the k-th key, one over the tied columns the tie quota; a block radix sort orders the result.
 // Traffic: the sample (<= 1/8 of the row) + one read. Underfill retries the secondary cutoff; still
 // short, or more kept than fits, takes the exact route (radix passes over the row). Limits: width <
