@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 MAX_K = 2048
 MAX_BF16_WIDTH = 16384
+MAX_WIDTH = 2**31 - 1
 
 
 def check_k(op: str, k) -> int:
@@ -51,6 +52,9 @@ def check_scores(op: str, scores) -> tuple[tuple[int, ...], int]:
     n = scores.shape[-1]
     if n < 1:
         raise ValueError(f"{op}: {name} row length n={n} must be >= 1")
+    if n > MAX_WIDTH:
+        raise ValueError(f"{op}: {name} row length n={n} exceeds the limit {MAX_WIDTH} "
+                         "(the result holds int32 column indices)")
     if op == "topk_bf16" and n > MAX_BF16_WIDTH:
         raise ValueError(f"topk_bf16: scores row length n={n} exceeds the limit {MAX_BF16_WIDTH} "
                          "(use jax_topk.topk_filtered for longer rows)")

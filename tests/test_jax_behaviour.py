@@ -149,5 +149,8 @@ def test_dtype_errors_point_to_the_other_operator():
 def test_width_limits():
     with pytest.raises(ValueError, match="16385.*16384"):
         jax_topk.topk_bf16(jnp.zeros((1, 16385), jnp.bfloat16), jnp.zeros(1, jnp.int32))
+    too_wide = jax.ShapeDtypeStruct((1, 2**31), jnp.float32)
+    with pytest.raises(ValueError, match="2147483647"):
+        jax.eval_shape(lambda s: jax_topk.topk_filtered(s, jnp.zeros(1, jnp.int32)), too_wide)
     with pytest.raises(ValueError, match="n=0"):
         jax_topk.topk_filtered(jnp.zeros((1, 0), jnp.float32), jnp.zeros(1, jnp.int32))
