@@ -42,8 +42,8 @@ TOPK_HOST_DEVICE int64_t ClampLength(int32_t length, int64_t width) {
   return length < 0 ? 0 : (length > width ? width : static_cast<int64_t>(length));
 }
 
-// Rows come in groups of rows_per_group (one group per vmapped call, one in the plain
-// case); row r is valid iff r % rows_per_group < clamp(num_valid_rows[group], 0, rows_per_group).
+// Rows come in equal groups of rows_per_group consecutive rows (one group in the plain case,
+// one per vmapped call, finer pieces on a shard); row r is valid iff r % rows_per_group < clamp(num_valid_rows[group], 0, rows_per_group).
 // A null num_valid_rows means every row is valid.
 TOPK_HOST_DEVICE bool RowIsValid(int64_t row, const int32_t* num_valid_rows,
                                  int64_t rows_per_group) {

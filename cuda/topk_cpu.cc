@@ -1,8 +1,8 @@
-// CPU top-k for both operators: per row, an exact radix select on the ordered key (one
-// histogram pass over the row, then passes over the shrinking set that shares the
-// boundary's prefix), then one pass that takes every key above the k-th largest and, of
-// the keys equal to it, the lowest columns. O(n) per row, never a sort of the row; rows
-// are spread over the host's cores.
+// CPU top-k for both operators: per row, an exact radix select on the ordered key (a
+// histogram pass over the row for the top digit, a pass that keeps the keys in the
+// boundary's bin, then digits over that shrinking set), then one pass that takes every key
+// above the k-th largest and, of the keys equal to it, the lowest columns. O(n) per row,
+// never a sort of the row; rows are spread over the host's cores.
 #include "topk_cpu.h"
 
 #include <algorithm>

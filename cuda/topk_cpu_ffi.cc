@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "nanobind/nanobind.h"
+#include "topk_common.h"
 #include "topk_cpu.h"
 #include "topk_ffi.h"
 #include "topk_filtered_workspace.h"
@@ -15,12 +16,11 @@ template <ffi::DataType ScoreType, void (*Algorithm)(const TopkProblem&)>
 ffi::Error TopkCpu(ffi::Buffer<ScoreType> scores, Int32Buffer lengths, Int32Buffer page_table,
                    Int32Buffer table_rows, Int32Buffer num_valid_rows,
                    ffi::Result<Int32Buffer> out, int32_t k, int32_t log2_page_size, bool sorted,
-                   bool has_page_table, bool has_table_rows, bool has_num_valid_rows,
-                   int64_t rows_per_group) {
+                   bool has_page_table, bool has_table_rows, bool has_num_valid_rows) {
   TopkProblem problem;
   ffi::Error error = DecodeTopkProblem<ScoreType>(
       scores, lengths, page_table, table_rows, num_valid_rows, out, k, log2_page_size, sorted,
-      has_page_table, has_table_rows, has_num_valid_rows, rows_per_group, &problem);
+      has_page_table, has_table_rows, has_num_valid_rows, &problem);
   if (error.failure()) return error;
   Algorithm(problem);
   return ffi::Error::Success();
@@ -43,6 +43,8 @@ NB_MODULE(_jax_topk_cpu, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkFilteredCpuHandler));
     return targets;
   });
+  m.attr("MAX_K") = jax_topk::kMaxK;
+  m.attr("MAX_BF16_WIDTH") = jax_topk::kMaxBf16Width;
   m.def("filtered_workspace_bytes", &jax_topk::FilteredWorkspaceBytes, nb::arg("rows"),
         nb::arg("width"), nb::arg("k"),
         "Bytes of device workspace topk_filtered's CUDA kernel takes for this shape.");

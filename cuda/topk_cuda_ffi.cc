@@ -24,11 +24,11 @@ ffi::Error TopkBf16Cuda(cudaStream_t stream, ffi::Buffer<ffi::BF16> scores, Int3
                         Int32Buffer page_table, Int32Buffer table_rows,
                         Int32Buffer num_valid_rows, ffi::Result<Int32Buffer> out, int32_t k,
                         int32_t log2_page_size, bool sorted, bool has_page_table,
-                        bool has_table_rows, bool has_num_valid_rows, int64_t rows_per_group) {
+                        bool has_table_rows, bool has_num_valid_rows) {
   TopkProblem problem;
   ffi::Error error = DecodeTopkProblem<ffi::BF16>(
       scores, lengths, page_table, table_rows, num_valid_rows, out, k, log2_page_size, sorted,
-      has_page_table, has_table_rows, has_num_valid_rows, rows_per_group, &problem);
+      has_page_table, has_table_rows, has_num_valid_rows, &problem);
   if (error.failure()) return error;
   return LaunchError("topk_bf16", LaunchTopkBf16(problem, stream));
 }
@@ -37,12 +37,12 @@ ffi::Error TopkFilteredCuda(cudaStream_t stream, ffi::Buffer<ffi::F32> scores,
                             Int32Buffer lengths, Int32Buffer page_table, Int32Buffer table_rows,
                             Int32Buffer num_valid_rows, ffi::Result<Int32Buffer> out, int32_t k,
                             int32_t log2_page_size, bool sorted, bool has_page_table,
-                            bool has_table_rows, bool has_num_valid_rows, int64_t rows_per_group,
+                            bool has_table_rows, bool has_num_valid_rows,
                             ffi::Result<ffi::AnyBuffer> workspace) {
   TopkProblem problem;
   ffi::Error error = DecodeTopkProblem<ffi::F32>(
       scores, lengths, page_table, table_rows, num_valid_rows, out, k, log2_page_size, sorted,
-      has_page_table, has_table_rows, has_num_valid_rows, rows_per_group, &problem);
+      has_page_table, has_table_rows, has_num_valid_rows, &problem);
   if (error.failure()) return error;
   if (workspace->size_bytes() < kFilteredMinWorkspaceBytes)
     return ffi::Error::InvalidArgument("jax_topk: topk_filtered workspace too small");

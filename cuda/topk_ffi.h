@@ -19,7 +19,8 @@ using Int32Buffer = ffi::Buffer<ffi::S32>;
 // table_rows [rows], num_valid_rows [groups]. An absent optional operand arrives as a
 // placeholder (its has_* attribute is false) and is never read.
 // Attributes: k, log2_page_size, sorted, has_page_table, has_table_rows,
-// has_num_valid_rows, rows_per_group.
+// has_num_valid_rows. num_valid_rows holds one limit per equal group of consecutive rows
+// (one group unless vmapped or sharded), so the group size is rows / its length.
 template <ffi::DataType ScoreType, typename Binding>
 auto BindTopkOperands(Binding binding) {
   return std::move(binding).template Arg<ffi::Buffer<ScoreType>>()
@@ -33,15 +34,14 @@ auto BindTopkOperands(Binding binding) {
       .template Attr<bool>("sorted")
       .template Attr<bool>("has_page_table")
       .template Attr<bool>("has_table_rows")
-      .template Attr<bool>("has_num_valid_rows")
-      .template Attr<int64_t>("rows_per_group");
+      .template Attr<bool>("has_num_valid_rows");
 }
 
 // The shape rules are enforced at trace time; this re-checks what would make a handler
 // read out of bounds if a caller bypassed them.
 inline ffi::Error CheckTopkProblem(const TopkProblem& p, int64_t lengths_size,
                                    int64_t num_valid_rows_size, int64_t table_rows_size) {
-  if (p.k < 1 || p.k > kMaxK) return ffi::Error::InvalidArgument("jax_topk: k out of [1, 2048]");
+  if (p.k < 1 || p.k > kMaxK) return ffi::Error::InvalidArgument("jax_topk: k out of range");
   if (p.rows > 0 && lengths_size != p.rows)
     return ffi::Error::InvalidArgument("jax_topk: lengths must have one entry per row");
   if (p.page_table != nullptr) {
@@ -54,7 +54,7 @@ inline ffi::Error CheckTopkProblem(const TopkProblem& p, int64_t lengths_size,
       return ffi::Error::InvalidArgument("jax_topk: table_rows must have one entry per row");
   }
   if (p.num_valid_rows != nullptr && p.rows > 0 &&
-      (p.rows % p.rows_per_group != 0 || num_valid_rows_size != p.rows / p.rows_per_group))
+      (num_valid_rows_size < 1 || p.rows % num_valid_rows_size != 0))
     return ffi::Error::InvalidArgument("jax_topk: num_valid_rows does not match the row groups");
   return ffi::Error::Success();
 }
@@ -66,7 +66,7 @@ ffi::Error DecodeTopkProblem(ffi::Buffer<ScoreType> scores, Int32Buffer lengths,
                              Int32Buffer num_valid_rows, ffi::Result<Int32Buffer> out, int32_t k,
                              int32_t log2_page_size, bool sorted, bool has_page_table,
                              bool has_table_rows, bool has_num_valid_rows,
-                             int64_t rows_per_group, TopkProblem* problem) {
+                             TopkProblem* problem) {
   TopkProblem& p = *problem;
   const auto dims = scores.dimensions();
   if (dims.size() != 2 || (has_page_table && page_table.dimensions().size() != 2))
@@ -84,9 +84,10 @@ ffi::Error DecodeTopkProblem(ffi::Buffer<ScoreType> scores, Int32Buffer lengths,
     p.log2_page_size = log2_page_size;
     if (has_table_rows) p.table_rows = table_rows.typed_data();
   }
+  const int64_t groups = static_cast<int64_t>(num_valid_rows.element_count());
   if (has_num_valid_rows) {
     p.num_valid_rows = num_valid_rows.typed_data();
-    p.rows_per_group = rows_per_group > 0 ? rows_per_group : 1;
+    p.rows_per_group = groups > 0 && p.rows >= groups ? p.rows / groups : 1;
   }
   p.out = out->typed_data();
   return CheckTopkProblem(p, lengths.element_count(), num_valid_rows.element_count(),

@@ -15,6 +15,8 @@ _INT32_MIN = np.iinfo(np.int32).min
 
 def _as_int32(value):
     """Integer runtime values as int32, saturating (not wrapping) wider ones."""
+    if isinstance(value, (int, np.integer)):  # a Python int may not fit any JAX integer
+        return jnp.int32(min(max(int(value), _INT32_MIN), _INT32_MAX))
     value = jnp.asarray(value)
     if value.dtype == jnp.int32:
         return value
@@ -45,7 +47,7 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     params = dict(
         op=op, k=k, log2_page_size=log2_page_size, sorted=sorted,
         has_page_table=page_table is not None, has_table_rows=table_rows is not None,
-        has_num_valid_rows=num_valid_rows is not None, rows_per_group=max(rows, 1))
+        has_num_valid_rows=num_valid_rows is not None)
     operands = (
         scores.reshape(rows, n),
         _as_int32(lengths).reshape(rows),

@@ -6,13 +6,14 @@ with a message that names the argument, the value and the limit.
 
 from __future__ import annotations
 
-import operator
-
-import numpy as np
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-MAX_K = 2048
-MAX_BF16_WIDTH = 16384
+from . import _jax_topk_cpu
+
+MAX_K = _jax_topk_cpu.MAX_K                    # the native code's limits, one definition
+MAX_BF16_WIDTH = _jax_topk_cpu.MAX_BF16_WIDTH
 MAX_WIDTH = 2**31 - 1
 
 
@@ -117,7 +118,21 @@ def check_num_valid_rows(op: str, num_valid_rows, leading):
 
 
 def check_sorted(op: str, sorted_) -> bool:
-    try:
-        return bool(operator.index(sorted_)) if not isinstance(sorted_, bool) else sorted_
-    except TypeError:
-        raise TypeError(f"{op}: sorted must be a Python bool, got {sorted_!r}") from None
+    if not isinstance(sorted_, (bool, np.bool_)):
+        raise TypeError(f"{op}: sorted must be a Python bool, got {sorted_!r}")
+    return bool(sorted_)
+
+
+def output_shape(scores, lengths, page_table, table_rows, num_valid_rows, *, op, k,
+                 has_num_valid_rows, **_):
+    """The shape rule of the 2-D primitives (the user-facing checks above ran already)."""
+    del page_table, table_rows
+    rows = scores.shape[0]
+    if scores.ndim != 2 or lengths.shape != (rows,) or lengths.dtype != np.int32:
+        raise ValueError(f"{op}: internal operands must be scores [rows, n] and int32 lengths "
+                         f"[rows]; got {scores.shape} and {lengths.dtype}{lengths.shape}")
+    if has_num_valid_rows and rows and (num_valid_rows.ndim != 1 or not num_valid_rows.shape[0]
+                                        or rows % num_valid_rows.shape[0]):
+        raise ValueError(f"{op}: num_valid_rows {num_valid_rows.shape} does not split {rows} rows "
+                         "into equal groups")
+    return jax.core.ShapedArray((rows, k), np.int32)

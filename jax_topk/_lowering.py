@@ -17,6 +17,7 @@ from jax.extend import core
 from jax.interpreters import mlir
 
 from . import _jax_topk_cpu
+from ._checks import output_shape
 
 TARGETS = {"topk_bf16": "jax_topk_bf16", "topk_filtered": "jax_topk_filtered"}
 
@@ -45,20 +46,13 @@ def filtered_workspace_bytes(rows: int, width: int, k: int) -> int:
 ffi_call_p = core.Primitive("jax_topk_ffi_call")
 
 
-def _abstract_eval(scores, lengths, page_table, table_rows, num_valid_rows, *, op, k, **_):
-    del op, lengths, page_table, table_rows, num_valid_rows
-    return jax.core.ShapedArray((scores.shape[0], k), np.int32)
+ffi_call_p.def_abstract_eval(output_shape)
 
 
-ffi_call_p.def_abstract_eval(_abstract_eval)
-
-
-def _attributes(k, log2_page_size, sorted, has_page_table, has_table_rows, has_num_valid_rows,
-                rows_per_group):
+def _attributes(k, log2_page_size, sorted, has_page_table, has_table_rows, has_num_valid_rows):
     return dict(k=np.int32(k), log2_page_size=np.int32(log2_page_size), sorted=np.bool_(sorted),
                 has_page_table=np.bool_(has_page_table), has_table_rows=np.bool_(has_table_rows),
-                has_num_valid_rows=np.bool_(has_num_valid_rows),
-                rows_per_group=np.int64(rows_per_group))
+                has_num_valid_rows=np.bool_(has_num_valid_rows))
 
 
 def _lowering(ctx, *operands, op, with_workspace, **params):

@@ -1,7 +1,8 @@
 """The public primitives, one per operator, and their JAX rules.
 
 Each primitive takes 2-D operands (scores [rows, n], lengths [rows], the optional
-page-table operands, num_valid_rows [groups]) and returns int32 [rows, k]. Absent
+page-table operands, num_valid_rows [groups]: one limit per equal group of consecutive
+rows) and returns int32 [rows, k]. Absent
 optional operands are empty placeholders flagged by has_* parameters. Rules: shape
 (abstract evaluation), batching (vmap folds the batch into the rows), JVP (integer
 output: no gradient), and lowering through the row-sharding partitioner.
@@ -13,29 +14,17 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 from jax._src import dispatch
 
+from ._checks import output_shape
 from ._lowering import ffi_call_p
 from ._sharding import partitioned_call
 
 topk_bf16_p = core.Primitive("jax_topk_bf16")
 topk_filtered_p = core.Primitive("jax_topk_filtered")
 PRIMITIVES = {"topk_bf16": topk_bf16_p, "topk_filtered": topk_filtered_p}
-
-
-def _abstract_eval(scores, lengths, page_table, table_rows, num_valid_rows, *, op, k,
-                   log2_page_size, sorted, has_page_table, has_table_rows, has_num_valid_rows,
-                   rows_per_group):
-    rows = scores.shape[0]
-    if scores.ndim != 2 or lengths.shape != (rows,) or lengths.dtype != np.int32:
-        raise ValueError(f"{op}: internal operands must be scores [rows, n] and int32 lengths "
-                         f"[rows]; got {scores.shape} and {lengths.dtype}{lengths.shape}")
-    if has_num_valid_rows and rows and num_valid_rows.shape != (rows // rows_per_group,):
-        raise ValueError(f"{op}: num_valid_rows groups do not match the rows")
-    return jax.core.ShapedArray((rows, k), np.int32)
 
 
 def _batch(args, dims, *, primitive, **params):
@@ -89,7 +78,7 @@ def _lowering(ctx, *operands, **params):
 
 for _primitive in PRIMITIVES.values():
     _primitive.def_impl(partial(dispatch.apply_primitive, _primitive))
-    _primitive.def_abstract_eval(_abstract_eval)
+    _primitive.def_abstract_eval(output_shape)
     batching.primitive_batchers[_primitive] = partial(_batch, primitive=_primitive)
     ad.primitive_jvps[_primitive] = partial(_jvp, primitive=_primitive)
     mlir.register_lowering(_primitive, _lowering)

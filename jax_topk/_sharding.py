@@ -3,70 +3,51 @@
 The custom call is wrapped in `custom_partitioning`: the partitioner keeps the row
 dimension's sharding, replicates the row length n (a row must be whole on one device),
 and each device calls the kernel on its shard; the scores are never all-gathered.
-`num_valid_rows` counts global rows, so each shard shifts it by its first row.
+`num_valid_rows` counts global rows (per group of rows, one group per vmapped call), so
+each shard turns it into limits for its own rows.
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._lowering import ffi_call_p
 
-_PARAM_NAMES = ("op", "k", "log2_page_size", "sorted", "has_page_table", "has_table_rows",
-                "has_num_valid_rows", "rows_per_group")
-
 
 def _bind(params, scores, lengths, page_table, table_rows, num_valid_rows):
     return ffi_call_p.bind(scores, lengths, page_table, table_rows, num_valid_rows,
-                           **dict(zip(_PARAM_NAMES, params)))
+                           **dict(params))
 
 
+# The static parameters travel as a sorted tuple of (name, value) pairs.
 _partitioned_call = custom_partitioning(_bind, static_argnums=(0,))
 
 
-def _row_axes(sharding):
-    """The mesh axes the row dimension of an operand's sharding is split over."""
-    if not isinstance(sharding, NamedSharding) or not sharding.spec:
+def _row_axes(mesh, arg_shapes):
+    """The mesh axes the rows are split over, or None to run replicated (rows not split,
+    or not evenly)."""
+    sharding = arg_shapes[0].sharding
+    if not isinstance(sharding, NamedSharding) or not sharding.spec or sharding.spec[0] is None:
         return None
-    axes = sharding.spec[0]
-    if axes is None:
-        return None
-    return axes if isinstance(axes, tuple) else (axes,)
-
-
-def _plan(params, mesh, arg_shapes):
-    """Row axes to keep, or None to run replicated (the groups of a vmapped
-    num_valid_rows do not line up with the shards)."""
-    params = dict(zip(_PARAM_NAMES, params))
-    axes = _row_axes(arg_shapes[0].sharding)
-    if axes is None:
-        return None
+    axes = sharding.spec[0] if isinstance(sharding.spec[0], tuple) else (sharding.spec[0],)
     rows = arg_shapes[0].shape[0]
-    shards = 1
-    for a in axes:
-        shards *= mesh.shape[a]
-    if rows % shards:
-        return None
-    local_rows = rows // shards
-    if params["has_num_valid_rows"]:
-        group = params["rows_per_group"]
-        if not (local_rows % group == 0 or group == rows):
-            return None
-    return axes
+    shards = math.prod(mesh.shape[a] for a in axes)
+    return axes if rows > 0 and rows % shards == 0 else None
 
 
 def _shardings(params, mesh, axes):
-    params = dict(zip(_PARAM_NAMES, params))
     rows = PartitionSpec(axes)
     rows_2d = PartitionSpec(axes, None)
     replicated = PartitionSpec()
-    page_table = rows_2d if params["has_page_table"] and not params["has_table_rows"] else replicated
-    table_rows = rows if params["has_table_rows"] else replicated
-    specs = (rows_2d, rows, page_table, table_rows, replicated)
+    per_row_table = params["has_page_table"] and not params["has_table_rows"]
+    specs = (rows_2d, rows, rows_2d if per_row_table else replicated,
+             rows if params["has_table_rows"] else replicated, replicated)
     return tuple(NamedSharding(mesh, s) for s in specs), NamedSharding(mesh, rows_2d)
 
 
@@ -77,44 +58,48 @@ def _shard_index(mesh, axes):
     return index
 
 
+def local_num_valid_rows(num_valid_rows, rows, first_row, local_rows):
+    """This shard's limits: one per piece of gcd(local_rows, group) rows, each piece inside
+    one global group. Clamped before shifting, so no value can wrap."""
+    group = rows // num_valid_rows.shape[0]
+    piece = math.gcd(local_rows, group)
+    starts = first_row + piece * jnp.arange(local_rows // piece, dtype=jnp.int32)
+    limits = jnp.clip(num_valid_rows[starts // group], 0, group) - starts % group
+    return jnp.clip(limits, 0, piece).astype(jnp.int32)
+
+
 def _partition(params, mesh, arg_shapes, result_shape):
-    axes = _plan(params, mesh, arg_shapes)
+    del result_shape
+    named = dict(params)
+    axes = _row_axes(mesh, arg_shapes)
     if axes is None:
-        specs = (NamedSharding(mesh, PartitionSpec()),) * 5
-        return mesh, partial(_bind, params), NamedSharding(mesh, PartitionSpec()), specs
-    arg_shardings, out_sharding = _shardings(params, mesh, axes)
-    named = dict(zip(_PARAM_NAMES, params))
+        replicated = NamedSharding(mesh, PartitionSpec())
+        return mesh, partial(_bind, params), replicated, (replicated,) * 5
+    arg_shardings, out_sharding = _shardings(named, mesh, axes)
     rows = arg_shapes[0].shape[0]
 
     def local_call(scores, lengths, page_table, table_rows, num_valid_rows):
-        local_rows = scores.shape[0]
-        local_params = dict(named)
         if named["has_num_valid_rows"]:
+            local_rows = scores.shape[0]
             first_row = _shard_index(mesh, axes) * local_rows
-            group = named["rows_per_group"]
-            if group == rows:  # one group spanning all rows: shift by this shard's first row
-                num_valid_rows = num_valid_rows - first_row.astype(num_valid_rows.dtype)
-                local_params["rows_per_group"] = local_rows
-            else:  # whole groups per shard: take this shard's groups
-                num_valid_rows = jax.lax.dynamic_slice_in_dim(
-                    num_valid_rows, first_row // group, local_rows // group)
-        return ffi_call_p.bind(scores, lengths, page_table, table_rows, num_valid_rows,
-                               **local_params)
+            num_valid_rows = local_num_valid_rows(num_valid_rows, rows, first_row, local_rows)
+        return ffi_call_p.bind(scores, lengths, page_table, table_rows, num_valid_rows, **named)
 
     return mesh, local_call, out_sharding, arg_shardings
 
 
 def _infer(params, mesh, arg_shapes, result_shape):
-    axes = _plan(params, mesh, arg_shapes)
+    del params, result_shape
+    axes = _row_axes(mesh, arg_shapes)
     return NamedSharding(mesh, PartitionSpec(axes, None) if axes else PartitionSpec())
 
 
 def _sharding_rule(params, mesh, arg_shapes, result_shape):
     del mesh, arg_shapes, result_shape
-    named = dict(zip(_PARAM_NAMES, params))
-    page_table = ("t p" if named["has_table_rows"] else "r p") if named["has_page_table"] else "t p"
+    named = dict(params)
+    page_table = "r p" if named["has_page_table"] and not named["has_table_rows"] else "t p"
     table_rows = "r" if named["has_table_rows"] else "c"
-    # n and the groups must be whole on each device; rows pass through.
+    # n and the (small) num_valid_rows must be whole on each device; rows pass through.
     rule = f"r n, r, {page_table}, {table_rows}, g -> r k"
     return rule, {"need_replication_factors": ("n", "g")}
 
@@ -127,7 +112,6 @@ _partitioned_call.def_partition(
 
 
 def partitioned_call(scores, lengths, page_table, table_rows, num_valid_rows, **params):
-    """Binds the custom call through the partitioner (single-device: a plain call)."""
-    key = tuple(params[name] for name in _PARAM_NAMES)
-    return _partitioned_call(key, scores, lengths, page_table, table_rows, num_valid_rows)
-
+    """Binds the custom call through the partitioner."""
+    return _partitioned_call(tuple(sorted(params.items())), scores, lengths, page_table,
+                             table_rows, num_valid_rows)

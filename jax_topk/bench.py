@@ -190,7 +190,7 @@ def copy_bandwidth_tbps() -> float:
 
 
 def make_inputs(shape: Shape, sets: int, seed: int):
-    fn, dtype = OPS[shape.op]
+    _, dtype = OPS[shape.op]
     lengths = jnp.asarray(shape.row_lengths())
     key = jax.random.key(seed)
     out = []
@@ -351,12 +351,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-check", action="store_true", help="time only")
     args = parser.parse_args(argv)
 
-    try:
-        from tqdm.auto import tqdm as progress
-    except ImportError:  # no progress bar, same work
-        def progress(items, desc=""):
-            print(desc, file=sys.stderr)
-            return items
+    from tqdm.auto import tqdm as progress
 
     device = jax.devices()[0]
     on_gpu = device.platform == "gpu"

@@ -3,6 +3,8 @@ infinities, random bit patterns), at every length boundary, both operators, ever
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,7 @@ from test_contract import edge_lengths
 @pytest.mark.parametrize("family", sorted(_families.FAMILIES))
 @pytest.mark.parametrize("n,k", [(37, 8), (515, 64), (4099, 512)])
 def test_family(op, backend, family, n, k):
-    rng = np.random.default_rng(abs(hash((family, n, k))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{family}/{n}/{k}".encode()))  # same every run
     rows = 12
     scores = _families.make(family, rng, (rows, n), SCORE_DTYPES[op])
     lengths = edge_lengths(k, n, rows, rng)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SCORE_DTYPES, gpu_devices, run_op
+from conftest import gpu_devices, run_op
 from jax_topk import _families
 
 pytestmark = [pytest.mark.gpu,
