@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <iterator>
-#include <thread>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "topk_common.h"
@@ -136,36 +138,59 @@ void TopkRows(const TopkProblem& p, int64_t first_row, int64_t end_row, RowScrat
   }
 }
 
-// Rows are handed out in small chunks from an atomic counter, so uneven lengths balance.
-template <typename Scores>
-void TopkParallel(const TopkProblem& p) {
-  constexpr int64_t kMinElementsPerThread = 1 << 16;
-  constexpr int64_t kRowsPerChunk = 4;
-  const int64_t work = p.rows * std::max<int64_t>(p.width, 1);
-  const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
-  const int64_t threads = std::clamp<int64_t>(work / kMinElementsPerThread, 1, hardware);
+// Rows handed out in small chunks from an atomic counter, so uneven lengths balance. Shared
+// with the helper tasks through a shared_ptr: a task that starts after the call returned
+// finds no rows left and touches nothing else.
+struct RowQueue {
+  explicit RowQueue(const TopkProblem& problem) : problem(problem) {}
+  const TopkProblem problem;
   std::atomic<int64_t> next_row{0};
-  auto worker = [&]() {
-    RowScratch scratch;
-    for (;;) {
-      const int64_t first = next_row.fetch_add(kRowsPerChunk);
-      if (first >= p.rows) return;
-      TopkRows<Scores>(p, first, std::min(first + kRowsPerChunk, p.rows), scratch);
+  std::atomic<int64_t> rows_done{0};
+  std::mutex mutex;
+  std::condition_variable all_done;
+};
+
+template <typename Scores>
+void DrainRows(RowQueue& queue) {
+  constexpr int64_t kRowsPerChunk = 4;
+  const TopkProblem& p = queue.problem;
+  RowScratch scratch;
+  for (;;) {
+    const int64_t first = queue.next_row.fetch_add(kRowsPerChunk);
+    if (first >= p.rows) return;
+    const int64_t end = std::min(first + kRowsPerChunk, p.rows);
+    TopkRows<Scores>(p, first, end, scratch);
+    if (queue.rows_done.fetch_add(end - first) + (end - first) == p.rows) {
+      std::lock_guard<std::mutex> lock(queue.mutex);
+      queue.all_done.notify_all();
     }
-  };
-  if (threads == 1) {
-    worker();
-    return;
   }
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+}
+
+// The calling thread always works too and waits only for rows other threads have started,
+// never for a task the pool has not run: no deadlock when the pool is busy.
+template <typename Scores>
+void TopkParallel(const TopkProblem& p, const ScheduleTask& schedule, int64_t pool_threads) {
+  constexpr int64_t kMinElementsPerThread = 1 << 16;
+  const int64_t work = p.rows * std::max<int64_t>(p.width, 1);
+  const int64_t helpers = std::clamp<int64_t>(work / kMinElementsPerThread - 1, 0, pool_threads);
+  auto queue = std::make_shared<RowQueue>(p);
+  for (int64_t t = 0; t < helpers; ++t) {
+    schedule([queue]() { DrainRows<Scores>(*queue); });
+  }
+  DrainRows<Scores>(*queue);
+  std::unique_lock<std::mutex> lock(queue->mutex);
+  queue->all_done.wait(lock, [&]() { return queue->rows_done.load() == p.rows; });
 }
 
 }  // namespace
 
-void TopkBf16Cpu(const TopkProblem& problem) { TopkParallel<Bf16Scores>(problem); }
-void TopkFilteredCpu(const TopkProblem& problem) { TopkParallel<F32Scores>(problem); }
+void TopkBf16Cpu(const TopkProblem& problem, const ScheduleTask& schedule, int64_t pool_threads) {
+  TopkParallel<Bf16Scores>(problem, schedule, pool_threads);
+}
+void TopkFilteredCpu(const TopkProblem& problem, const ScheduleTask& schedule,
+                     int64_t pool_threads) {
+  TopkParallel<F32Scores>(problem, schedule, pool_threads);
+}
 
 }  // namespace jax_topk

@@ -1,5 +1,7 @@
 // XLA FFI bindings of the CPU handlers, and the nanobind module that hands them to JAX.
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "nanobind/nanobind.h"
 #include "topk_common.h"
@@ -12,8 +14,11 @@ namespace nb = nanobind;
 namespace jax_topk {
 namespace {
 
-template <ffi::DataType ScoreType, void (*Algorithm)(const TopkProblem&)>
-ffi::Error TopkCpu(ffi::Buffer<ScoreType> scores, Int32Buffer lengths, Int32Buffer page_table,
+using CpuAlgorithm = void (*)(const TopkProblem&, const ScheduleTask&, int64_t);
+
+// The rows run on XLA's CPU thread pool (its intra-op threads) and the calling thread.
+template <ffi::DataType ScoreType, CpuAlgorithm Algorithm>
+ffi::Error TopkCpu(ffi::ThreadPool thread_pool, ffi::Buffer<ScoreType> scores, Int32Buffer lengths, Int32Buffer page_table,
                    Int32Buffer table_rows, Int32Buffer num_valid_rows,
                    ffi::Result<Int32Buffer> out, int32_t k, int32_t log2_page_size, bool sorted,
                    bool has_page_table, bool has_table_rows, bool has_num_valid_rows) {
@@ -22,16 +27,17 @@ ffi::Error TopkCpu(ffi::Buffer<ScoreType> scores, Int32Buffer lengths, Int32Buff
       scores, lengths, page_table, table_rows, num_valid_rows, out, k, log2_page_size, sorted,
       has_page_table, has_table_rows, has_num_valid_rows, &problem);
   if (error.failure()) return error;
-  Algorithm(problem);
+  Algorithm(problem, [&](std::function<void()> task) { thread_pool.Schedule(std::move(task)); },
+            thread_pool.num_threads());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkBf16CpuHandler, (TopkCpu<ffi::BF16, TopkBf16Cpu>),
-                              BindTopkOperands<ffi::BF16>(ffi::Ffi::Bind()));
+                              BindTopkOperands<ffi::BF16>(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkFilteredCpuHandler, (TopkCpu<ffi::F32, TopkFilteredCpu>),
-                              BindTopkOperands<ffi::F32>(ffi::Ffi::Bind()));
+                              BindTopkOperands<ffi::F32>(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace jax_topk
 
