@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "topk_filtered_workspace.h"
 #include "topk_problem.h"
 
 namespace jax_topk {
@@ -15,7 +16,7 @@ cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream);
 // topk_filtered: float32 scores of any width. `workspace` is a device buffer of
 // `workspace_bytes` (an extra output of the custom call, contents undefined on entry);
 // the kernel adapts to its size, which must be at least kFilteredMinWorkspaceBytes.
-constexpr size_t kFilteredMinWorkspaceBytes = 4096;
+constexpr size_t kFilteredMinWorkspaceBytes = kFilteredHeaderBytes;
 cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream);
 
