@@ -1,20 +1,22 @@
 // topk_bf16: exact row-wise top-k of bf16 scores, one 512-thread block per row (SPEC section 1).
 // Each thread loads a contiguous slice of scores (8-32, sized by the row's length) once and keeps
-// them in registers as 16-bit ordered keys; NaN and columns >= length become key 0. Two 256-bin
-// shared histograms (high byte, then low byte under the pivot's high byte) find the k-th largest
-// key exactly; one block scan of packed (greater, equal) counts gives each thread its output
-// position and its share of the equal quota (lowest columns first), so the selection is staged in
-// ascending column order; sorted=true adds a stable block radix sort on the staged keys.
+// the raw bits in registers; columns >= length read as -inf and are taken back out of every count.
+// Two 256-bin shared histograms of raw bytes (high byte, then low byte under the pivot's high
+// byte; one warp walks each in value order) find the k-th largest value exactly; bf16x2 compares
+// against it give one bit per element, and one block scan of (greater, equal) counts gives each
+// thread its output position and its share of the equal quota (lowest columns first), so the
+// selection is staged in ascending column order; sorted=true adds a stable block radix sort.
+// NaN: a row holding any is rewritten to -inf in registers with those columns excluded (rare path).
 // Traffic: each score read once (16-byte loads on aligned rows, nothing at or past the row's
 // length), one coalesced page-transformed store of k int32 per row; no workspace, no host sync.
 // Limits: width <= kMaxBf16Width = 512 * 32, k <= kMaxK (staged in shared memory), rows < 2^31.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include <cub/block/block_radix_sort.cuh>
-#include <cub/block/block_scan.cuh>
 
 #include "topk_common.h"
 #include "topk_cuda.h"
@@ -23,29 +25,42 @@ namespace jax_topk {
 namespace {
 
 constexpr int kThreadsPerRow = 512;
-// Blocks per SM the register budget is set for: 3 (40 registers per thread), but 2 (64) for
-// sorting more than one item per thread, where CUB's radix sort would spill at 40.
+constexpr int kWarpsPerRow = kThreadsPerRow / 32;
+// Blocks per SM the register budget is set for. Unsorted: 4 (32 registers; the 32-column slice
+// spills ~20 words to L1, still faster than 3 blocks at 40 registers: 512 rows fit one wave of
+// 528). Sorted: 3 (40) for one sort item per thread, 2 (64) for more, where CUB's radix sort
+// would spill at 40.
 template <int kSortItemsPerThread>
 constexpr int MinBlocksPerSm() {
-  return kSortItemsPerThread > 1 ? 2 : 3;
+  return kSortItemsPerThread > 1 ? 2 : (kSortItemsPerThread == 0 ? 4 : 3);
 }
 constexpr int kMaxElemsPerThread = 32;
 static_assert(kThreadsPerRow * kMaxElemsPerThread >= kMaxBf16Width, "a row must fit one block");
+static_assert(kMaxElemsPerThread <= 32, "one bit per element in a 32-bit mask");
 
-constexpr int kRadixBits = 8;          // two passes over the 16-bit key: high byte, low byte
-constexpr int kRadixBins = 1 << kRadixBits;
-constexpr int kKeyBits = 2 * kRadixBits;
-static_assert(kRadixBins <= kThreadsPerRow, "one thread per bin when scanning a histogram");
+constexpr int kRadixBins = 256;  // two passes over the 16 raw bits: high byte, low byte
+static_assert(kRadixBins <= kThreadsPerRow, "one thread per bin when zeroing the histograms");
+// The pass-1 histogram slot of a raw high byte: bit 4 flipped on negative bytes (bit 7), so +x
+// and -x of one exponent (bytes b and b + 128, both common in real scores) land 16 banks apart
+// instead of in one. An involution that keeps every aligned run of 8 bytes contiguous.
+__host__ __device__ constexpr uint32_t HighSlot(uint32_t raw_byte) {
+  return raw_byte ^ ((raw_byte >> 3) & 0x10u);
+}
+// The same for both halves of a raw pair at once (bits 15 -> 12 and 31 -> 28).
+__device__ __forceinline__ uint32_t HighSlotsOfPair(uint32_t pair) {
+  return pair ^ ((pair >> 3) & 0x10001000u);
+}
+constexpr int kSpillBin = kRadixBins;  // pass 2's bin for keys outside the pivot's high byte
 
-// Masked positions (NaN, columns >= length, slice padding) get key 0. Every candidate key is at
-// least OrderedKeyBf16(-inf) = 0x007F: keys 0x0000..0x007E belong to negative NaNs only. So key 0
-// is never selected (nor left in a histogram count), and sorts after every real key when it pads
-// the radix sort.
+// Loaded in place of columns at or past the length: -inf, which every count then takes back out
+// (it is the only value that can share its bins, and it is never below the pivot's bins unless
+// the pivot is -inf itself, where the column mask drops it).
+constexpr uint16_t kFillBits = 0xFF80;
+constexpr uint32_t kFillPair = 0xFF80FF80u;
+constexpr uint32_t kFillHighByte = kFillBits >> 8;
+constexpr uint32_t kFillLowByte = kFillBits & 0xFF;
+// Masked keys pad the sort and sort after every real key: OrderedKeyBf16 of any value is >= 0x007F.
 constexpr uint32_t kMaskedKey = 0;
-// Loaded in place of columns at or past the length: a NaN, so the NaN rule masks it.
-constexpr uint16_t kMaskedBits = 0xFFFF;
-
-using BlockScan = cub::BlockScan<int, kThreadsPerRow, cub::BLOCK_SCAN_WARP_SCANS>;
 
 struct NoSort {
   struct TempStorage {};
@@ -64,8 +79,10 @@ struct RowShared {
   // the sort's registers: each phase reuses the previous one's space (separated by barriers).
   union {
     struct {
-      int high[kRadixBins];
-      int low[kRadixBins];
+      alignas(16) int high[kRadixBins];  // indexed by raw byte
+      // + one spill bin: pass 2 counts the keys outside the pivot's high byte there, because
+      // an unconditional shared atomic costs fewer instructions than a guarded one (a branch).
+      alignas(16) int low[kRadixBins + 4];
     } histograms;
     struct {
       int32_t columns[kMaxK];
@@ -73,31 +90,38 @@ struct RowShared {
     } staged;
     typename BlockSort<kSortItemsPerThread>::TempStorage sort;
   };
-  // Outside the union: the scan's storage is still read by slow threads when fast ones stage.
-  typename BlockScan::TempStorage scan;
-  int high_bin;          // the pivot's high byte
-  int above_high_bin;    // candidates whose high byte is above it
-  int low_bin;           // the pivot's low byte
-  int above_low_bin;     // candidates in the high bin whose low byte is above it
+  int warp_counts[kWarpsPerRow];  // the selection scan's per-warp totals
+  int candidates;                 // valid non-NaN scores in the row
+  int high_bin;                   // the pivot's raw high byte
+  int above_high_bin;             // candidates above that bin in value order
+  int low_bin;                    // the pivot's raw low byte
+  int above_low_bin;              // candidates in the high bin above that low byte
 };
 
-// A slice lives as packed key pairs: element 2p in the low half of key_pairs[p], element 2p + 1
-// in the high half (column order, as in memory). Each phase tests the pairs in its own packed
-// form rather than unpacking them: unpacked halves shared between phases would be kept alive
-// across barriers by the optimiser, doubling the slice's registers and spilling.
+// A slice lives as raw bf16 pairs: element 2p in the low half of pairs[p], element 2p + 1 in the
+// high half (column order, as in memory). Per-element flags are gathered in "pair layout": bit p
+// for element 2p, bit 16 + p for element 2p + 1 (one LOP3 per pair from a bf16x2 compare mask).
 
-// Two raw bf16 -> two ordered keys, NaN -> kMaskedKey, in one word: per half exactly
-// IsNanBf16(b) ? kMaskedKey : OrderedKeyBf16(b) from topk_common.h (checked for all 2^32 words;
-// no carry crosses the halves). Computed packed so the optimiser cannot split the halves apart.
-// Adds the number of masked halves to *masked.
-static_assert(kMaskedKey == 0, "masking clears the key's bits");
-__device__ __forceinline__ uint32_t KeyPairFromBits(uint32_t bits_pair, int* masked) {
-  // Negative: flip all 16 bits (~bits); non-negative: flip the sign bit only (bits | 0x8000).
-  const uint32_t flip = ((bits_pair & 0x80008000u) >> 15) * 0x7FFFu | 0x80008000u;
-  // Bit 15 of a half is set iff its magnitude is above +inf's 0x7F80, i.e. it is a NaN.
-  const uint32_t nan_flags = ((bits_pair & 0x7FFF7FFFu) + 0x007F007Fu) & 0x80008000u;
-  *masked += __popc(nan_flags);
-  return (bits_pair ^ flip) & ~((nan_flags >> 15) * 0xFFFFu);
+__device__ __forceinline__ __nv_bfloat162 AsBf16x2(uint32_t pair) {
+  return *reinterpret_cast<const __nv_bfloat162*>(&pair);
+}
+
+// Pair layout -> column order (bit i = element i): interleave the low and high 16 bits.
+__device__ __forceinline__ uint32_t SpreadEvenBits(uint32_t x) {
+  x &= 0xFFFFu;
+  x = (x | (x << 8)) & 0x00FF00FFu;
+  x = (x | (x << 4)) & 0x0F0F0F0Fu;
+  x = (x | (x << 2)) & 0x33333333u;
+  return (x | (x << 1)) & 0x55555555u;
+}
+__device__ __forceinline__ uint32_t ColumnOrder(uint32_t pair_layout) {
+  return SpreadEvenBits(pair_layout) | (SpreadEvenBits(pair_layout >> 16) << 1);
+}
+// The first `count` elements (count <= 32) in pair layout.
+__device__ __forceinline__ uint32_t FirstElementsInPairLayout(int count) {
+  const uint32_t low = (1u << ((count + 1) >> 1)) - 1;  // elements 0, 2, 4, ...
+  const uint32_t high = (1u << (count >> 1)) - 1;       // elements 1, 3, 5, ...
+  return low | (high << 16);
 }
 
 template <int kElemsPerLoad>
@@ -118,60 +142,49 @@ __device__ __forceinline__ void LoadWords(const uint16_t* scores, uint32_t* word
   }
 }
 
-// Raw bits of columns [first_column, first_column + kElemsPerThread), kMaskedBits at or past
-// length. Whole vectors where they lie inside the length; scalar loads for the vector that
-// straddles it (and everywhere when the row is only 2-byte aligned: kElemsPerLoad == 1).
+// Raw bits of columns [first_column, first_column + kElemsPerThread), kFillBits at or past
+// `end`. Whole vectors where they lie before `end`; scalar loads for the vector that straddles it
+// (and everywhere when the row is only 2-byte aligned: kElemsPerLoad == 1).
 template <int kElemsPerThread, int kElemsPerLoad>
 __device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int first_column,
-                                              int length,
-                                              uint32_t (&pairs)[kElemsPerThread / 2]) {
+                                              int end, uint32_t (&pairs)[kElemsPerThread / 2]) {
   constexpr int kElemsPerStep = kElemsPerLoad > 2 ? kElemsPerLoad : 2;
 #pragma unroll
   for (int step = 0; step < kElemsPerThread / kElemsPerStep; ++step) {
     const int column = first_column + step * kElemsPerStep;
     uint32_t* words = pairs + step * (kElemsPerStep / 2);
-    if (column >= length) {  // past this thread's slice (or the row): no load at all
+    if (column >= end) {  // past this thread's slice (or the row): no load at all
 #pragma unroll
-      for (int pair = 0; pair < kElemsPerStep / 2; ++pair) {
-        words[pair] = kMaskedBits | (uint32_t{kMaskedBits} << 16);
-      }
-    } else if (kElemsPerLoad > 1 && column + kElemsPerStep <= length) {
+      for (int pair = 0; pair < kElemsPerStep / 2; ++pair) words[pair] = kFillPair;
+    } else if (kElemsPerLoad > 1 && column + kElemsPerStep <= end) {
       LoadWords<kElemsPerStep>(row_scores + column, words);
     } else {
 #pragma unroll
       for (int pair = 0; pair < kElemsPerStep / 2; ++pair) {
         const int low = column + 2 * pair;
-        const uint32_t low_bits = low < length ? __ldg(row_scores + low) : kMaskedBits;
-        const uint32_t high_bits = low + 1 < length ? __ldg(row_scores + low + 1) : kMaskedBits;
+        const uint32_t low_bits = low < end ? __ldg(row_scores + low) : kFillBits;
+        const uint32_t high_bits = low + 1 < end ? __ldg(row_scores + low + 1) : kFillBits;
         words[pair] = low_bits | (high_bits << 16);
       }
     }
   }
 }
 
-// Loads a thread's slice as ordered keys and returns how many of them are masked. Every slice
-// starts a multiple of 16 bytes after the row start, so the row's own alignment picks the widest
-// load that all threads can use.
+// Every slice starts a multiple of 16 bytes after the row start, so the row's own alignment picks
+// the widest load that all threads can use.
 template <int kElemsPerThread>
-__device__ __forceinline__ int LoadSliceKeys(const uint16_t* row_scores, int first_column,
-                                             int length,
-                                             uint32_t (&key_pairs)[kElemsPerThread / 2]) {
+__device__ __forceinline__ void LoadSlice(const uint16_t* row_scores, int first_column, int end,
+                                          uint32_t (&pairs)[kElemsPerThread / 2]) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(row_scores);
   if (address % 16 == 0) {
-    LoadSliceBits<kElemsPerThread, 8>(row_scores, first_column, length, key_pairs);
+    LoadSliceBits<kElemsPerThread, 8>(row_scores, first_column, end, pairs);
   } else if (address % 8 == 0) {
-    LoadSliceBits<kElemsPerThread, 4>(row_scores, first_column, length, key_pairs);
+    LoadSliceBits<kElemsPerThread, 4>(row_scores, first_column, end, pairs);
   } else if (address % 4 == 0) {
-    LoadSliceBits<kElemsPerThread, 2>(row_scores, first_column, length, key_pairs);
+    LoadSliceBits<kElemsPerThread, 2>(row_scores, first_column, end, pairs);
   } else {
-    LoadSliceBits<kElemsPerThread, 1>(row_scores, first_column, length, key_pairs);
+    LoadSliceBits<kElemsPerThread, 1>(row_scores, first_column, end, pairs);
   }
-  int masked = 0;
-#pragma unroll
-  for (int pair = 0; pair < kElemsPerThread / 2; ++pair) {
-    key_pairs[pair] = KeyPairFromBits(key_pairs[pair], &masked);
-  }
-  return masked;
 }
 
 // Columns per thread for a row of `length`: the fewest (a multiple of 8, so every slice stays
@@ -196,23 +209,45 @@ __device__ __forceinline__ uint32_t LowestSetBits(uint32_t mask, int count) {
   return taken;
 }
 
-// Walks the bins from the top (a suffix scan) to the one holding the rank-th largest key,
-// rank >= 1; if rank <= total, exactly one thread records that bin and the count above it.
-// Returns the histogram's total to every thread.
-__device__ __forceinline__ int FindBinOfRank(const int* histogram, int rank,
-                                             BlockScan::TempStorage& scan_storage,
-                                             int* chosen_bin, int* count_above) {
-  const int bin = kRadixBins - 1 - static_cast<int>(threadIdx.x);
-  const int count = bin >= 0 ? histogram[bin] : 0;
-  int at_or_above;
-  int total;
-  BlockScan(scan_storage).InclusiveSum(count, at_or_above, total);
-  const int above = at_or_above - count;
-  if (bin >= 0 && above < rank && at_or_above >= rank) {
-    *chosen_bin = bin;
-    *count_above = above;
+// Run by one warp: finds the bin holding the rank-th largest value (rank >= 1). Lane L covers the
+// value-ordered positions 255 - 8L down to 248 - 8L, which are the raw bins base .. base + 7 in
+// descending (raw_descends) or ascending raw order; the sign of a byte fixes which, so the order
+// transform costs nothing per element. If rank <= total, exactly one lane records the bin and the
+// count above it. Lane 31 records the histogram's total when `total` is not null. The pass-1
+// histogram is laid out by HighSlot (high_slots), the pass-2 one by raw byte.
+__device__ __forceinline__ void WarpFindBin(const int* histogram, bool high_slots, int rank,
+                                            int base, bool raw_descends, int* chosen_bin,
+                                            int* count_above, int* total) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int slot = static_cast<int>(high_slots ? HighSlot(base) : base);
+  const int4 first = *reinterpret_cast<const int4*>(histogram + slot);
+  const int4 second = *reinterpret_cast<const int4*>(histogram + slot + 4);
+  const int counts[8] = {first.x, first.y, first.z, first.w, second.x, second.y, second.z, second.w};
+  int lane_count = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) lane_count += counts[i];
+  int at_or_above = lane_count;  // inclusive scan from the top lane-range down
+#pragma unroll
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const int from_above = __shfl_up_sync(0xFFFFFFFFu, at_or_above, delta);
+    if (lane >= delta) at_or_above += from_above;
   }
-  return total;
+  if (total != nullptr && lane == 31) *total = at_or_above;
+  int above = at_or_above - lane_count;
+  if (above < rank && rank <= at_or_above) {
+    bool found = false;
+#pragma unroll
+    for (int position = 0; position < 8; ++position) {
+      const int offset = raw_descends ? 7 - position : position;
+      const int count = raw_descends ? counts[7 - position] : counts[position];
+      if (!found && above + count >= rank) {
+        found = true;
+        *chosen_bin = base + offset;
+        *count_above = above;
+      }
+      above += count;
+    }
+  }
 }
 
 template <int kElemsPerThread, int kSortItemsPerThread>
@@ -224,6 +259,8 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
 
   const int64_t row = blockIdx.x;
   const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int warp = thread >> 5;
   const int k = problem.k;
   int32_t* row_out = problem.out + row * k;
 
@@ -235,107 +272,160 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
       problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
                                  : problem.width);
 
-  if (thread < kRadixBins) {
-    shared.histograms.high[thread] = 0;
-    shared.histograms.low[thread] = 0;
-  }
+  int* const high_histogram = shared.histograms.high;
+  int* const low_histogram = shared.histograms.low;
+  if (thread < kRadixBins) high_histogram[thread] = 0;
+  if (thread <= kSpillBin) low_histogram[thread] = 0;
   const uint16_t* row_scores = static_cast<const uint16_t*>(problem.scores) + row * problem.width;
   // Thread t owns columns [t * slice_elems, (t + 1) * slice_elems): thread order is still
-  // column order. Register slots past slice_elems hold masked keys and are never histogrammed
+  // column order. Register slots past slice_elems hold fill and are never histogrammed
   // (active_pairs is the same for the whole block, so skipping them does not diverge).
   const int slice_elems = SliceElems<kElemsPerThread>(length);
   const int active_pairs = slice_elems / 2;
   const int first_column = thread * slice_elems;
-  const int slice_end = min(length, first_column + slice_elems);
-  uint32_t key_pairs[kPairsPerThread];
-  const int masked_loaded =
-      LoadSliceKeys<kElemsPerThread>(row_scores, first_column, slice_end, key_pairs);
-  // Every slot past slice_elems is masked; only the masked keys inside the slice are counted.
-  const int masked = masked_loaded - (kElemsPerThread - slice_elems);
-  __syncthreads();
+  const int valid_elems = max(0, min(length - first_column, slice_elems));
+  uint32_t pairs[kPairsPerThread];
+  LoadSlice<kElemsPerThread>(row_scores, first_column, first_column + valid_elems, pairs);
 
-  // Pass 1: high byte. In key order +x and -x of one exponent land in bins b and 255 - b, whose
-  // banks (b % 32 and 31 - b % 32) always differ, so the halves need no offset against conflicts.
-  // Masked keys are counted into bin 0 too (no branch per element), then taken back out.
-  constexpr uint32_t kByteMask = kRadixBins - 1;
-  constexpr int kMaskedBin = kMaskedKey >> kRadixBits;
+  // Which elements may be selected, in pair layout: the columns before the length, minus NaNs.
+  uint32_t valid_bits = FirstElementsInPairLayout(valid_elems);
+  uint32_t nan_lanes = 0;
+#pragma unroll
+  for (int pair = 0; pair < kPairsPerThread; ++pair) {
+    if (pair >= active_pairs) break;
+    nan_lanes |= __hneu2_mask(AsBf16x2(pairs[pair]), AsBf16x2(pairs[pair]));
+  }
+  // The barrier also publishes the zeroed histograms.
+  if (__syncthreads_or(nan_lanes != 0)) {
+    // Rare: NaN anywhere in the row. Rewrite each NaN to the fill value (-inf) and drop its
+    // column, so the passes and the compares below need no NaN test of their own.
+#pragma unroll
+    for (int pair = 0; pair < kPairsPerThread; ++pair) {
+      const uint32_t nan_mask = __hneu2_mask(AsBf16x2(pairs[pair]), AsBf16x2(pairs[pair]));
+      valid_bits &= ~(nan_mask & (0x00010001u << pair));
+      pairs[pair] = (pairs[pair] & ~nan_mask) | (kFillPair & nan_mask);
+    }
+  }
+  // Fill values inside the histogrammed slice: the columns past the length, and the NaNs.
+  const int filled = slice_elems - __popc(valid_bits);
+
+  // Pass 1: raw high byte. The fill (-inf) is counted too (no test per element), then taken out.
+  // __byte_perm(x, 0, 0x444b) is byte b of x, zero-extended: one instruction per slot.
   if (first_column < length) {
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
       if (pair >= active_pairs) break;
-      atomicAdd(&shared.histograms.high[(key_pairs[pair] >> kRadixBits) & kByteMask], 1);
-      atomicAdd(&shared.histograms.high[key_pairs[pair] >> (kKeyBits + kRadixBits)], 1);
+      const uint32_t slots = HighSlotsOfPair(pairs[pair]);
+      atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4441)], 1);
+      atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4443)], 1);
     }
-    if (masked > 0) atomicSub(&shared.histograms.high[kMaskedBin], masked);
+    if (filled > 0) atomicSub(&high_histogram[HighSlot(kFillHighByte)], filled);
   }
   __syncthreads();
-  const int candidates = FindBinOfRank(shared.histograms.high, k, shared.scan, &shared.high_bin,
-                                       &shared.above_high_bin);
+  if (warp == 0) {
+    // Lanes 0-15 walk the positive half (raw 127 down to 0), lanes 16-31 the negative half
+    // (raw 128 up to 255: larger raw bits are more negative).
+    const int base = lane < 16 ? 120 - 8 * lane : 8 * lane;
+    WarpFindBin(high_histogram, /*high_slots=*/true, k, base, lane < 16, &shared.high_bin,
+                &shared.above_high_bin, &shared.candidates);
+  }
   __syncthreads();
+  const int candidates = shared.candidates;
 
-  // Take every key > pivot and the first `quota` keys == pivot. With no more candidates than k,
-  // pivot = kMaskedKey and quota = 0 take exactly the candidates.
-  uint32_t pivot = kMaskedKey;
-  int quota = 0;
+  // Take every value > pivot and the first `quota` values == pivot. With no more candidates than
+  // k, pivot = -inf and an unbounded quota take exactly the valid columns.
+  uint32_t pivot = kFillBits;
+  int quota = kMaxBf16Width;
   if (candidates > k) {
-    // Pass 2: low byte of the keys under the pivot's high byte (masked keys again counted, in
-    // low bin 0, and taken back out when they share that high byte).
+    // Pass 2: raw low byte of the values under the pivot's high byte (fill again counted and
+    // taken back out when it shares that high byte).
     const uint32_t high_bin = shared.high_bin;
     const int rank_in_bin = k - shared.above_high_bin;
-    const uint32_t high_bin_of_low_half = high_bin << kRadixBits;
-    const uint32_t high_bin_of_high_half = high_bin << (kKeyBits + kRadixBits);
+    // XOR with the pivot's high byte in both halves zeroes the high byte of exactly the values
+    // under it, so min(half, kSpillBin) is their low byte and sends every other value to the
+    // spill bin: 4-5 instructions per value, no branch.
+    const uint32_t high_bin_pattern = (high_bin << 24) | (high_bin << 8);
     if (first_column < length) {
 #pragma unroll
       for (int pair = 0; pair < kPairsPerThread; ++pair) {
         if (pair >= active_pairs) break;
-        const uint32_t key_pair = key_pairs[pair];
-        if (((key_pair ^ high_bin_of_low_half) & (kByteMask << kRadixBits)) == 0) {
-          atomicAdd(&shared.histograms.low[key_pair & kByteMask], 1);
-        }
-        if ((key_pair ^ high_bin_of_high_half) < (1u << (kKeyBits + kRadixBits))) {
-          atomicAdd(&shared.histograms.low[(key_pair >> kKeyBits) & kByteMask], 1);
-        }
+        const uint32_t marked = pairs[pair] ^ high_bin_pattern;
+        atomicAdd(&low_histogram[min(marked & 0xFFFFu, uint32_t{kSpillBin})], 1);
+        atomicAdd(&low_histogram[min(marked >> 16, uint32_t{kSpillBin})], 1);
       }
-      if (masked > 0 && high_bin == kMaskedBin) {
-        atomicSub(&shared.histograms.low[kMaskedKey & kByteMask], masked);
+      if (filled > 0 && high_bin == kFillHighByte) {
+        atomicSub(&low_histogram[kFillLowByte], filled);
       }
     }
     __syncthreads();
-    FindBinOfRank(shared.histograms.low, rank_in_bin, shared.scan, &shared.low_bin,
-                  &shared.above_low_bin);
+    if (warp == 0) {
+      // Under a positive high byte larger raw low bytes are larger values; under a negative one,
+      // smaller.
+      const bool positive = high_bin < 0x80u;
+      WarpFindBin(low_histogram, /*high_slots=*/false, rank_in_bin,
+                  positive ? 248 - 8 * lane : 8 * lane, positive, &shared.low_bin,
+                  &shared.above_low_bin, nullptr);
+    }
     __syncthreads();
-    pivot = (high_bin << kRadixBits) | static_cast<uint32_t>(shared.low_bin);
+    pivot = (high_bin << 8) | static_cast<uint32_t>(shared.low_bin);
     quota = rank_in_bin - shared.above_low_bin;
   }
   const int selected = candidates < k ? candidates : k;
 
-  // One bit per element (bit i = column first_column + i): key > pivot, key == pivot. Low halves
-  // are compared shifted to the top (zeros below), high halves against the pivot's whole range.
-  static_assert(kElemsPerThread <= 32, "one bit per element in a 32-bit mask");
-  const uint32_t pivot_at_top = pivot << kKeyBits;
+  // (greater, equal) flags in pair layout. bf16x2 compares are exact against any pivot that is
+  // neither zero nor subnormal (they treat -0 == +0, and a flushing compare would blur
+  // subnormals); for those rare pivots, compare ordered keys instead.
   uint32_t greater_bits = 0;
   uint32_t equal_bits = 0;
+  if ((pivot & 0x7F80u) != 0) {
+    const __nv_bfloat162 pivot_pair = AsBf16x2(pivot * 0x00010001u);
 #pragma unroll
-  for (int pair = 0; pair < kPairsPerThread; ++pair) {
-    const uint32_t key_pair = key_pairs[pair];
-    const uint32_t low_key_at_top = key_pair << kKeyBits;
-    greater_bits |= static_cast<uint32_t>(low_key_at_top > pivot_at_top) << (2 * pair);
-    equal_bits |= static_cast<uint32_t>(low_key_at_top == pivot_at_top) << (2 * pair);
-    greater_bits |= static_cast<uint32_t>(key_pair > (pivot_at_top | 0xFFFFu)) << (2 * pair + 1);
-    equal_bits |= static_cast<uint32_t>((key_pair ^ pivot_at_top) <= 0xFFFFu) << (2 * pair + 1);
+    for (int pair = 0; pair < kPairsPerThread; ++pair) {
+      if (pair >= active_pairs) break;
+      greater_bits |= __hgt2_mask(AsBf16x2(pairs[pair]), pivot_pair) & (0x00010001u << pair);
+      equal_bits |= __heq2_mask(AsBf16x2(pairs[pair]), pivot_pair) & (0x00010001u << pair);
+    }
+  } else {
+    const uint32_t pivot_key = OrderedKeyBf16(static_cast<uint16_t>(pivot));
+#pragma unroll
+    for (int pair = 0; pair < kPairsPerThread; ++pair) {
+      if (pair >= active_pairs) break;
+      const uint32_t low_key = OrderedKeyBf16(static_cast<uint16_t>(pairs[pair]));
+      const uint32_t high_key = OrderedKeyBf16(static_cast<uint16_t>(pairs[pair] >> 16));
+      greater_bits |= (static_cast<uint32_t>(low_key > pivot_key) << pair) |
+                      (static_cast<uint32_t>(high_key > pivot_key) << (16 + pair));
+      equal_bits |= (static_cast<uint32_t>(low_key == pivot_key) << pair) |
+                    (static_cast<uint32_t>(high_key == pivot_key) << (16 + pair));
+    }
   }
+  greater_bits &= valid_bits;
+  equal_bits &= valid_bits;
 
   // Thread order is column order, so one exclusive scan of (greater, equal) counts gives each
-  // thread its first output slot and how many pivot-equal keys lower columns already took.
+  // thread its first output slot and how many pivot-equal values lower columns already took.
   // Both counts are <= kMaxBf16Width < 2^16, so they pack into one int.
   const int equal_count = __popc(equal_bits);
-  int before;
-  BlockScan(shared.scan).ExclusiveSum((__popc(greater_bits) << 16) | equal_count, before);
+  const int packed = (__popc(greater_bits) << 16) | equal_count;
+  int inclusive = packed;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const int from_below = __shfl_up_sync(0xFFFFFFFFu, inclusive, delta);
+    if (lane >= delta) inclusive += from_below;
+  }
+  if (lane == 31) shared.warp_counts[warp] = inclusive;
+  __syncthreads();
+  const int lower_warp_count = lane < warp ? shared.warp_counts[lane] : 0;
+  const int before = static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) +
+                     inclusive - packed;
   const int greater_before = before >> 16;
   const int equal_before = before & 0xFFFF;
   int position = greater_before + min(equal_before, quota);
   const int equal_to_take = max(0, min(equal_count, quota - equal_before));
-  uint32_t take_bits = greater_bits | LowestSetBits(equal_bits, equal_to_take);
+  // Column order (bit i = column first_column + i); the equal quota takes the lowest columns.
+  uint32_t take_bits = ColumnOrder(greater_bits | (equal_to_take == equal_count ? equal_bits : 0));
+  if (equal_to_take > 0 && equal_to_take < equal_count) {
+    take_bits |= LowestSetBits(ColumnOrder(equal_bits), equal_to_take);
+  }
   if constexpr (!kSorted) {
     for (; take_bits != 0; take_bits &= take_bits - 1) {
       shared.staged.columns[position++] = first_column + __ffs(take_bits) - 1;
@@ -345,11 +435,13 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
       if (take_bits & (1u << (2 * pair))) {
         shared.staged.columns[position] = first_column + 2 * pair;
-        shared.staged.keys[position++] = static_cast<uint16_t>(key_pairs[pair]);
+        shared.staged.keys[position++] =
+            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(pairs[pair])));
       }
       if (take_bits & (2u << (2 * pair))) {
         shared.staged.columns[position] = first_column + 2 * pair + 1;
-        shared.staged.keys[position++] = static_cast<uint16_t>(key_pairs[pair] >> kKeyBits);
+        shared.staged.keys[position++] =
+            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(pairs[pair] >> 16)));
       }
     }
   }
@@ -375,13 +467,13 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
 #pragma unroll
     for (int i = 0; i < kSortItemsPerThread; ++i) {
       const int slot = thread * kSortItemsPerThread + i;
-      const bool filled = slot < selected;
-      sort_keys[i] = filled ? shared.staged.keys[slot] : kMaskedKey;
-      sort_columns[i] = filled ? shared.staged.columns[slot] : kEmptySlot;
+      const bool filled_slot = slot < selected;
+      sort_keys[i] = filled_slot ? shared.staged.keys[slot] : kMaskedKey;
+      sort_columns[i] = filled_slot ? shared.staged.columns[slot] : kEmptySlot;
     }
     __syncthreads();
     BlockSort<kSortItemsPerThread>(shared.sort)
-        .SortDescendingBlockedToStriped(sort_keys, sort_columns, 0, kKeyBits);
+        .SortDescendingBlockedToStriped(sort_keys, sort_columns, 0, 16);
 #pragma unroll
     for (int i = 0; i < kSortItemsPerThread; ++i) {
       const int slot = i * kThreadsPerRow + thread;

@@ -7,6 +7,14 @@ import numpy as np
 import jax_topk
 
 
+def _nan_and_zero_rows(rng, rows, n):
+    scores = rng.standard_normal((rows, n), np.float32)
+    scores[::2][rng.random((rows + 1) // 2 * n).reshape(-1, n) < 0.1] = np.nan
+    scores[1::2] = np.where(rng.random(((rows) // 2, n)) < 0.5, 0.0, -0.0)
+    scores[1::2, ::97] = 1e-40  # a few subnormals above the zeros
+    return scores.astype(jax.numpy.bfloat16)
+
+
 def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(60)
@@ -15,6 +23,8 @@ def main():
          dict(k=512, page_size=64)),
         (jax_topk.topk_bf16, rng.standard_normal((8, 4096), np.float32).astype(jax.numpy.bfloat16),
          dict(k=2048, sorted=True)),
+        # NaN rows (the kernel's rewrite path) and rows of signed zeros (its zero-pivot path).
+        (jax_topk.topk_bf16, _nan_and_zero_rows(rng, 12, 9001), dict(k=512)),
         (jax_topk.topk_filtered, rng.standard_normal((3, 100_003), np.float32), dict(k=2048)),
         (jax_topk.topk_filtered, rng.standard_normal((300, 12_000), np.float32),
          dict(k=512, sorted=True)),
