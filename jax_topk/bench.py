@@ -284,7 +284,8 @@ def write_report(records: list[dict], json_path: str, command: str) -> None:
     device = records[0]["device"] if records else "?"
     with open(stem + ".md", "w") as f:
         f.write(f"Regenerate: `{command}`\n\n")
-        f.write(f"Device: {device}; jax {jax.__version__}; {records[0]['date']}. Times are "
+        f.write(f"Device: {device}; jax {records[0].get('jax', jax.__version__)}; "
+                f"{records[0]['date']}. Times are "
                 "device time per call in microseconds (sum of kernel durations from JAX's "
                 "profiler, median over calls on distinct inputs), except 'ours wall', the "
                 "latency a JAX user sees. lax.top_k runs on rows masked to -inf past their "
