@@ -1,8 +1,8 @@
 // topk_filtered: exact top-k of long float32 rows (SPEC section 2). Per row, a regular 1/s sample
 // (row-dependent phase) proposes a cutoff keeping ~k candidates (+ slack) and a deeper secondary.
-// One pass over the row (float4 loads, L2 prefetch ahead; a max-and-vote test per 16 values a
-// thread) appends the values >= cutoff, unordered, to shared memory then a per-worker workspace
-// slice. 11+11+10-bit radix selection over them (boundary group compacted after the first digit)
+// One pass over the row (float4 loads, L2 prefetch ahead; a hit mask per 16 values a thread, then
+// only the hits) appends the values >= cutoff, unordered, to shared memory then a per-worker
+// workspace slice. 11+11+10-bit radix selection over them (boundary group compacted first)
 // finds the k-th key, one over the tied columns the tie quota; a bitmap of the row's columns (a
 // block radix sort for sorted=true or rows over kBitmapColumns) orders the result.
 // Traffic: the sample (<= 1/8 of the row) + one read. Underfill retries the secondary cutoff; still
@@ -319,7 +319,7 @@ struct AsProjected {  // frontier entries are projected already
 
 // ---------------------------------------------------------------------------------------------
 // The filtering pass: the hot loop. Every thread tests its 16 values against a float threshold
-// with one max and one vote; only a warp with a hit counts and appends.
+// into a bit mask; only a warp with a hit counts and appends, and only a thread's hits cost more.
 
 // Where kept values go: position p < shared_capacity in s.candidates, the next global_capacity
 // positions in a global slice; further positions are counted but dropped.
@@ -350,35 +350,50 @@ __device__ __forceinline__ float KeepThreshold(uint32_t cutoff) {
 }
 __device__ __forceinline__ bool KeepsAll(uint32_t cutoff) { return cutoff <= OrderedKeyF32(0xFF800000u); }
 
+// values[i] for a runtime i, by a tree of selects over the bits of i (halving the candidates per
+// bit): a dynamic index into a register array would put the array in local memory.
+template <int kItems>
+__device__ __forceinline__ float SelectItem(const float (&values)[kItems], int i) {
+  if constexpr (kItems == 1) {
+    return values[0];
+  } else {
+    static_assert(kItems % 2 == 0, "a power of two");
+    float halved[kItems / 2];
+    const bool odd = i & 1;
+#pragma unroll
+    for (int j = 0; j < kItems / 2; ++j) halved[j] = odd ? values[2 * j + 1] : values[2 * j];
+    return SelectItem(halved, i >> 1);
+  }
+}
+
 // Appends this warp's values >= threshold; item i of a thread is column
-// first_col + (i / 4) * kChunkStride + i % 4. One shared atomic per warp.
+// first_col + (i / 4) * kChunkStride + i % 4. One shared atomic per warp; then each thread
+// walks only its own hits (a bit mask), so a tile costs a compare per value plus a few
+// instructions per hit, and nothing past the vote when the warp has none.
 template <int kItems>
 __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
                                            const float (&values)[kItems], uint32_t first_col, float threshold) {
-  int mine = 0;
+  static_assert(kItems <= 32, "one bit per item");
+  uint32_t hits = 0;
 #pragma unroll
-  for (int i = 0; i < kItems; ++i) mine += values[i] >= threshold;
+  for (int i = 0; i < kItems; ++i) hits |= static_cast<uint32_t>(values[i] >= threshold) << i;
+  if (!__any_sync(kFullMask, hits != 0)) return;
+  const int mine = __popc(hits);
   const int inclusive = WarpInclusiveSum(mine);
   const int warp_total = __shfl_sync(kFullMask, inclusive, kWarpSize - 1);
   int warp_base = 0;
   if (threadIdx.x % kWarpSize == 0) warp_base = atomicAdd(&s.kept, warp_total);
   warp_base = __shfl_sync(kFullMask, warp_base, 0);
   int position = warp_base + inclusive - mine;
-  if (warp_base + warp_total <= sink.shared_capacity) {
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      if (values[i] >= threshold) {
-        const uint32_t col = first_col + (i / kChunkElems) * kChunkStride + i % kChunkElems;
-        s.candidates[position++] = make_uint2(__float_as_uint(values[i]), col);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      if (values[i] >= threshold) {
-        const uint32_t col = first_col + (i / kChunkElems) * kChunkStride + i % kChunkElems;
-        sink.Put(s, position++, make_uint2(__float_as_uint(values[i]), col));
-      }
+  const bool in_shared = warp_base + warp_total <= sink.shared_capacity;
+  for (; hits != 0; hits &= hits - 1) {
+    const int i = __ffs(hits) - 1;
+    const uint32_t col = first_col + (i / kChunkElems) * kChunkStride + i % kChunkElems;
+    const uint2 candidate = make_uint2(__float_as_uint(SelectItem(values, i)), col);
+    if (in_shared) {
+      s.candidates[position++] = candidate;
+    } else {
+      sink.Put(s, position++, candidate);
     }
   }
 }
@@ -398,10 +413,6 @@ __device__ __forceinline__ void FilterTile(SharedStorage& s, const float* row, i
     values[kChunkElems * c + 2] = chunk.z;
     values[kChunkElems * c + 3] = chunk.w;
   }
-  float best = values[0];  // fmaxf skips NaN: best is NaN only if all are
-#pragma unroll
-  for (int i = 1; i < kFilterChunks * kChunkElems; ++i) best = fmaxf(best, values[i]);
-  if (!__any_sync(kFullMask, best >= threshold)) return;
   AppendHits(s, sink, values, first, threshold);
 }
 
