@@ -59,3 +59,61 @@ def test_odd_widths_unaligned_rows(op, backend):
         for k in (1, 3, 16):
             out = run_op(op, backend, scores, lengths, k=k)
             np.testing.assert_array_equal(out, reference_topk(scores, lengths, k), err_msg=str(n))
+
+
+def _from_bits(op, bits):
+    """Scores of the operator's dtype from raw bit patterns (uint16 for bf16, uint32 for f32)."""
+    if op == "topk_bf16":
+        return np.asarray(bits, np.uint16).view(SCORE_DTYPES[op])
+    return np.asarray(bits, np.uint32).view(np.float32)
+
+
+def test_pivot_at_minus_infinity_among_nans(op, backend):
+    """The k-th value is -inf in rows that also hold NaN: NaN (which the bf16 kernel rewrites to
+    -inf in registers) must neither be counted nor taken, and -inf ties go to the lowest columns."""
+    n = 600
+    row = np.full(n, -np.inf, np.float32)
+    row[::3] = np.nan                     # 400 non-NaN values, all -inf
+    other = row.copy()
+    other[[5, 50, 500]] = [1.0, -2.0, 3.0]  # three finite values above the -inf ties
+    scores = np.stack([row, other, row[::-1].copy()]).astype(SCORE_DTYPES[op])
+    lengths = np.array([n, n - 1, 451], np.int32)
+    for k in (1, 3, 300, 399, 400, 401, 512):
+        for sorted_ in (False, True):
+            out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
+            np.testing.assert_array_equal(out, reference_topk(scores, lengths, k, sorted=sorted_),
+                                          err_msg=f"k={k} sorted={sorted_}")
+
+
+def test_pivot_at_smallest_normals_and_subnormals(op, backend):
+    """Pivots on each side of the normal/subnormal boundary and on +-0: where a compare that
+    flushes subnormals to zero, or treats -0 as +0, would blur the order."""
+    if op == "topk_bf16":
+        groups = [0x0081, 0x0080, 0x007F, 0x0001, 0x0000, 0x8000, 0x8001, 0x807F, 0x8080, 0x8081]
+    else:
+        groups = [0x00800001, 0x00800000, 0x007FFFFF, 0x00000001, 0x00000000, 0x80000000,
+                  0x80000001, 0x807FFFFF, 0x80800000, 0x80800001]
+    copies = 40  # groups are listed largest first; each k below ends inside one group
+    rng = np.random.default_rng(14)
+    rows = [rng.permutation(np.repeat(groups, copies)) for _ in range(3)]
+    scores = _from_bits(op, np.stack(rows))
+    n = scores.shape[1]
+    lengths = np.array([n, n - 7, 333], np.int32)
+    for k in range(copies // 2, len(groups) * copies, copies):
+        for sorted_ in (False, True):
+            out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
+            np.testing.assert_array_equal(out, reference_topk(scores, lengths, k, sorted=sorted_),
+                                          err_msg=f"k={k} sorted={sorted_}")
+
+
+@pytest.mark.parametrize("n", [131072, 131073])
+def test_filtered_rows_at_the_column_bitmap_limit(backend, n):
+    """topk_filtered orders its winners through a bitmap for rows up to 131072 columns and by a
+    sort beyond: rows on both sides of that limit, ties included."""
+    rng = np.random.default_rng(n)
+    scores = np.round(rng.standard_normal((4, n)).astype(np.float32) * 64) / 64  # many ties
+    lengths = np.array([n, n - 1, 131072, 70001], np.int32)
+    for sorted_ in (False, True):
+        out = run_op("topk_filtered", backend, scores, lengths, k=2048, sorted=sorted_)
+        np.testing.assert_array_equal(out, reference_topk(scores, lengths, 2048, sorted=sorted_),
+                                      err_msg=f"sorted={sorted_}")
