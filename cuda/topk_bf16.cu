@@ -20,6 +20,7 @@
 
 #include "topk_common.h"
 #include "topk_cuda.h"
+#include "topk_scan.cuh"
 
 namespace jax_topk {
 namespace {
@@ -226,12 +227,7 @@ __device__ __forceinline__ void WarpFindBin(const int* histogram, bool high_slot
   int lane_count = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) lane_count += counts[i];
-  int at_or_above = lane_count;  // inclusive scan from the top lane-range down
-#pragma unroll
-  for (int delta = 1; delta < 32; delta *= 2) {
-    const int from_above = __shfl_up_sync(0xFFFFFFFFu, at_or_above, delta);
-    if (lane >= delta) at_or_above += from_above;
-  }
+  const int at_or_above = WarpInclusiveSum(lane_count);  // from the top lane-range down
   if (total != nullptr && lane == 31) *total = at_or_above;
   int above = at_or_above - lane_count;
   if (above < rank && rank <= at_or_above) {
@@ -406,12 +402,9 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
   // Both counts are <= kMaxBf16Width < 2^16, so they pack into one int.
   const int equal_count = __popc(equal_bits);
   const int packed = (__popc(greater_bits) << 16) | equal_count;
-  int inclusive = packed;
-#pragma unroll
-  for (int delta = 1; delta < 32; delta *= 2) {
-    const int from_below = __shfl_up_sync(0xFFFFFFFFu, inclusive, delta);
-    if (lane >= delta) inclusive += from_below;
-  }
+  // BlockExclusiveSum (topk_scan.cuh) without its block total, which this kernel does not need
+  // and whose extra register spills the sorted instance at its 40-register budget.
+  const int inclusive = WarpInclusiveSum(packed);
   if (lane == 31) shared.warp_counts[warp] = inclusive;
   __syncthreads();
   const int lower_warp_count = lane < warp ? shared.warp_counts[lane] : 0;

@@ -18,6 +18,7 @@
 #include "topk_cuda.h"
 #include "topk_filtered_workspace.h"
 #include "topk_problem.h"
+#include "topk_scan.cuh"
 
 namespace jax_topk {
 namespace {
@@ -149,31 +150,6 @@ __device__ __forceinline__ int WarpReserve(int* counter, bool want) {
   if (lane == leader) base = atomicAdd(counter, __popc(wanting));
   base = __shfl_sync(kFullMask, base, leader);
   return base + __popc(wanting & ((1u << lane) - 1u));
-}
-
-__device__ __forceinline__ int WarpInclusiveSum(int value) {
-  const int lane = threadIdx.x % kWarpSize;
-#pragma unroll
-  for (int offset = 1; offset < kWarpSize; offset *= 2) {
-    const int other = __shfl_up_sync(kFullMask, value, offset);
-    if (lane >= offset) value += other;
-  }
-  return value;
-}
-
-// Block-wide exclusive sum (all threads call it), and the total: one barrier, where a generic
-// block scan takes two and several times the instructions. The caller puts a barrier between two
-// calls (warp_sums is rewritten).
-__device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t* warp_sums, uint32_t value,
-                                                      uint32_t& total) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const uint32_t inclusive = static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(value)));
-  if (lane == kWarpSize - 1) warp_sums[warp] = inclusive;
-  __syncthreads();
-  const uint32_t warp_sum = lane < kWarpsPerBlock ? warp_sums[lane] : 0;
-  total = __reduce_add_sync(kFullMask, warp_sum);
-  return __reduce_add_sync(kFullMask, lane < warp ? warp_sum : 0) + inclusive - value;
 }
 
 // ---------------------------------------------------------------------------------------------
