@@ -2,9 +2,10 @@
 // (row-dependent phase) proposes a cutoff keeping ~k candidates (+ slack) and a deeper secondary.
 // One pass over the row (float4 loads, L2 prefetch ahead; a hit mask per 16 values a thread, then
 // only the hits) appends the values >= cutoff, unordered, to shared memory then a per-worker
-// workspace slice. 11+11+10-bit radix selection over them (boundary group compacted first)
-// finds the k-th key, one over the tied columns the tie quota; a bitmap of the row's columns (a
-// block radix sort for sorted=true or rows over kBitmapColumns) orders the result.
+// workspace slice. A histogram of the candidates in bins relative to the cutoff finds the k-th
+// key's bin, one warp ranks its few members (else 11+11+10-bit radix digits); one more selection
+// over the tied columns gives the tie quota. Winners mark a bitmap of the row's columns, read in
+// order (a block radix sort for sorted=true or rows over kBitmapColumns).
 // Traffic: the sample (<= 1/8 of the row) + one read. Underfill retries the secondary cutoff; still
 // short, or more kept than fits, takes the exact route (radix passes over the row). Limits: width <
 // 2^31, k <= kMaxK. Few rows: each row is split over blocks (KV-split), the last to arrive merges.
@@ -12,6 +13,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 #include <cub/block/block_radix_sort.cuh>
 
 #include "topk_common.h"
@@ -71,6 +73,12 @@ constexpr int kPrefetchLineElems = 32;  // 128-byte lines
 constexpr int kPrefetchAhead = 2 * kFilterTile;
 static_assert(kPrefetchAhead <= kPrefetchLineElems * kThreadsPerBlock, "one line per thread");
 
+// Unsorted results of rows up to kBitmapColumns are put in column order through a bitmap of the
+// row (one bit a column, up to kBitmapWordsPerThread words a thread). Measured (benches/NOTES.md,
+// filtered step 6): faster than the block radix sort up to 262144 columns.
+constexpr int kBitmapWordsPerThread = 16;
+constexpr int kBitmapColumns = kBitmapWordsPerThread * 32 * kThreadsPerBlock;
+
 // The k results are sorted over the block, kSortItemsPerThread each.
 constexpr int kSortItemsPerThread = kMaxK / kThreadsPerBlock;
 static_assert(kSortItemsPerThread * kThreadsPerBlock == kMaxK, "sort covers kMaxK");
@@ -110,6 +118,7 @@ struct SharedStorage {
     } selected;  // the winners, in no particular order
     ColumnSort::TempStorage column_sort;
     RankSort::TempStorage rank_sort;
+    uint32_t bitmap[kBitmapColumns / 32];  // the winners' columns (unsorted results of short rows)
   } work;
   uint32_t hist[kDigitBins];  // all zero between uses
   uint32_t warp_sums[kWarpsPerBlock];  // BlockExclusiveSum's per-warp totals
@@ -121,7 +130,10 @@ struct SharedStorage {
   RowJob job;
   unsigned long long next_row;
   int last_part;
+  uint32_t sample_largest;  // the largest sampled key of the job's row (0: none)
 };
+static_assert(sizeof(uint32_t) * kBitmapColumns / 32 <= sizeof(uint32_t) * kFrontierCapacity,
+              "the bitmap shares the frontier's space");
 
 // ---------------------------------------------------------------------------------------------
 // Warp-level helpers. All lanes of the warp call them.
@@ -186,9 +198,13 @@ __device__ __forceinline__ void PrefetchToL2(const float* row, int64_t from, int
 // Sources hand items (value bits, column, valid) to a visitor; every thread of the block
 // visits the same number of items, so visitors may use warp collectives.
 
+// kRepeats: whether a source may hold long runs of one value (histograms then add a warp's
+// equal digits once, instead of serialising on one shared-memory address).
+
 // Columns [begin, end) of a row in global memory: a scalar head up to a 16-byte boundary, then
 // tiles of float4 loads. NaN items are invalid.
 struct RowSource {
+  static constexpr bool kRepeats = true;
   const float* row;
   int begin;
   int end;
@@ -225,26 +241,36 @@ struct RowSource {
 // `count` kept candidates: the first `shared_capacity` in shared memory, the rest in a global
 // slice (written by this block, or by other blocks before a fence).
 struct CandidateSource {
+  static constexpr bool kRepeats = false;  // at most Capacity() of them
   const uint2* shared;
   int shared_capacity;
   const uint2* global;
   int count;
 
+  __device__ __forceinline__ uint2 Get(int entry) const {
+    return entry < shared_capacity ? shared[entry] : __ldcg(global + (entry - shared_capacity));
+  }
+
   template <class Visit>
   __device__ __forceinline__ void ForEach(Visit&& visit) const {
-    for (int base = 0; base < count; base += kThreadsPerBlock) {
+    // The shared entries first, in a loop free of the global branch, then the slice's.
+    const int in_shared = count < shared_capacity ? count : shared_capacity;
+    for (int base = 0; base < in_shared; base += kThreadsPerBlock) {
       const int entry = base + static_cast<int>(threadIdx.x);
-      uint2 candidate = make_uint2(kNanBits, 0);
-      if (entry < count) {
-        candidate = entry < shared_capacity ? shared[entry] : __ldcg(global + (entry - shared_capacity));
-      }
-      visit(candidate.x, static_cast<int32_t>(candidate.y), entry < count);
+      const uint2 c = entry < in_shared ? shared[entry] : make_uint2(kNanBits, 0);
+      visit(c.x, static_cast<int32_t>(c.y), entry < in_shared);
+    }
+    for (int base = in_shared; base < count; base += kThreadsPerBlock) {
+      const int entry = base + static_cast<int>(threadIdx.x);
+      const uint2 c = entry < count ? __ldcg(global + (entry - shared_capacity)) : make_uint2(kNanBits, 0);
+      visit(c.x, static_cast<int32_t>(c.y), entry < count);
     }
   }
 };
 
 // Projected values already in shared memory (the frontier of a radix selection).
 struct FrontierSource {
+  static constexpr bool kRepeats = false;  // at most kFrontierCapacity of them
   const uint32_t* values;
   int count;
 
@@ -259,6 +285,7 @@ struct FrontierSource {
 
 // This thread's sampled values, in registers.
 struct SampleSource {
+  static constexpr bool kRepeats = false;  // kSampleLines lines
   float values[kSampleLinesPerWarp];
 
   template <class Visit>
@@ -428,7 +455,11 @@ __device__ __forceinline__ void DigitHistogram(SharedStorage& s, const Source& s
   source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
     uint32_t value = 0;
     const bool counted = valid && project(bits, col, value) && (value & prefix_mask) == prefix;
-    AddToHistogram(s.hist, (value >> shift) & digit_mask, counted);
+    if constexpr (Source::kRepeats) {
+      AddToHistogram(s.hist, (value >> shift) & digit_mask, counted);
+    } else if (counted) {  // a bounded number of items: conflicts cost less than aggregating
+      atomicAdd(&s.hist[(value >> shift) & digit_mask], 1u);
+    }
   });
   __syncthreads();
 }
@@ -463,12 +494,59 @@ __device__ __forceinline__ BinSearch FindBins(SharedStorage& s, uint32_t rank_a,
   return {s.found[0], s.found[1], total};
 }
 
+// Calls put(position, candidate) for the candidates that keep(bits, col), at positions 0, 1, ...
+// taken from *counter. In rounds of one entry a thread: the round's ballot places each member in
+// its warp, and one atomic per warp and batch reserves the warp's places (no scan, no re-read).
+// Every thread of the block calls it.
+template <class Keep, class Put>
+__device__ __forceinline__ void CompactCandidates(const CandidateSource& source, int* counter, const Keep& keep,
+                                                  const Put& put) {
+  constexpr int kBatch = 8;
+  const int lane = threadIdx.x % kWarpSize;
+  const uint32_t lanes_below = (1u << lane) - 1u;
+  for (int base = 0; base < source.count; base += kBatch * kThreadsPerBlock) {  // block-uniform
+    uint2 c[kBatch];
+    uint32_t ballots[kBatch];
+    int warp_total = 0;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
+      c[i] = entry < source.count ? source.Get(entry) : make_uint2(kNanBits, 0);
+      ballots[i] = __ballot_sync(kFullMask, entry < source.count && keep(c[i].x, static_cast<int32_t>(c[i].y)));
+      warp_total += __popc(ballots[i]);
+    }
+    int warp_base = 0;
+    if (lane == 0 && warp_total > 0) warp_base = atomicAdd(counter, warp_total);
+    int position = __shfl_sync(kFullMask, warp_base, 0);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (ballots[i] & (1u << lane)) put(position + __popc(ballots[i] & lanes_below), c[i]);
+      position += __popc(ballots[i]);
+    }
+  }
+}
+
 // Copies the projected values of the group `prefix` into the frontier.
 template <class Source, class Project>
 __device__ __forceinline__ void CompactGroup(SharedStorage& s, const Source& source, const Project& project,
                                              uint32_t prefix, uint32_t prefix_mask) {
   if (threadIdx.x == 0) s.frontier_count = 0;
   __syncthreads();
+  if constexpr (std::is_same_v<Source, CandidateSource>) {
+    CompactCandidates(
+        source, &s.frontier_count,
+        [&](uint32_t bits, int32_t col) {
+          uint32_t value = 0;
+          return project(bits, col, value) && (value & prefix_mask) == prefix;
+        },
+        [&](int position, uint2 c) {
+          uint32_t value = 0;
+          project(c.x, static_cast<int32_t>(c.y), value);
+          s.work.frontier[position] = value;
+        });
+    __syncthreads();
+    return;
+  }
   source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
     uint32_t value = 0;
     const bool member = valid && project(bits, col, value) && (value & prefix_mask) == prefix;
@@ -485,13 +563,14 @@ struct RankValue {
   int quota;
   int group;
   bool all;
+  int total;  // the items taking part
 };
 template <class Source, class Project>
 __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Source& source, const Project& project,
                                                    int rank) {
   DigitHistogram(s, source, project, 0, 0, 0);
   const BinSearch first = FindBins(s, rank, 0);
-  if (first.total < static_cast<uint32_t>(rank)) return {0, 0, 0, true};
+  if (first.total < static_cast<uint32_t>(rank)) return {0, 0, 0, true, static_cast<int>(first.total)};
   uint32_t prefix = first.a.bin << DigitShift(0);
   uint32_t prefix_mask = DigitMask(0) << DigitShift(0);
   uint32_t remaining = rank - first.a.above;  // the groups above are committed
@@ -512,40 +591,131 @@ __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Sourc
     prefix |= found.bin << DigitShift(digit);
     prefix_mask |= DigitMask(digit) << DigitShift(digit);
   }
-  return {prefix, static_cast<int>(remaining), static_cast<int>(group), false};
+  return {prefix, static_cast<int>(remaining), static_cast<int>(group), false, static_cast<int>(first.total)};
 }
 
-// Puts the winners in s.work.selected, in no particular order: every item with a key above
-// kth_key, and those equal to it at columns <= column_limit. Returns how many.
+// The rank-th largest key of candidates kept by `cutoff` (> 0), given the sample's largest key:
+// one histogram in 2048 bins relative to the cutoff, spanning [cutoff, largest] (keys past it in
+// the last bin), usually leaves the k-th key in a bin of a few candidates, which one warp ranks
+// directly. A boundary in the first or last bin, or among more than a warp's worth, falls back to
+// the three-digit selection (the answer never depends on the sample, only the work does).
+__device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s, const CandidateSource& source,
+                                                            int rank, uint32_t cutoff, uint32_t largest) {
+  if (cutoff == 0 || largest <= cutoff) return FindRankValue(s, source, KeyOfValue{}, rank);
+  constexpr uint32_t kLastBin = kDigitBins - 1;
+  const uint32_t quotient = (largest - cutoff) / kLastBin;  // the smallest shift leaving largest
+  const int shift = quotient == 0 ? 0 : 32 - __clz(quotient);  // below the last bin
+  auto relative_bin = [&](uint32_t key) {
+    if (key < cutoff) return 0u;  // kept under a +-0 threshold: the first bin never settles a rank
+    const uint32_t bin = (key - cutoff) >> shift;
+    return bin < kLastBin ? bin : kLastBin;
+  };
+  source.ForEach([&](uint32_t bits, int32_t, bool valid) {
+    if (valid) atomicAdd(&s.hist[relative_bin(OrderedKeyF32(bits))], 1u);
+  });
+  __syncthreads();
+  const BinSearch first = FindBins(s, rank, 0);
+  if (first.total < static_cast<uint32_t>(rank)) return {0, 0, 0, true, static_cast<int>(first.total)};
+  const uint32_t group_bin = first.a.bin;
+  const int group = static_cast<int>(first.a.count);
+  if (group_bin == 0 || group_bin == kLastBin || group > kWarpSize) {
+    return FindRankValue(s, source, KeyOfValue{}, rank);
+  }
+  const int remaining = rank - static_cast<int>(first.a.above);
+  if (threadIdx.x == 0) s.frontier_count = 0;
+  __syncthreads();
+  CompactCandidates(
+      source, &s.frontier_count, [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
+      [&](int position, uint2 c) { s.work.frontier[position] = OrderedKeyF32(c.x); });
+  __syncthreads();
+  if (threadIdx.x < kWarpSize) {  // each member counts the members above it and equal to it
+    const int lane = threadIdx.x;
+    const uint32_t key = lane < group ? s.work.frontier[lane] : 0u;
+    int greater = 0;
+    int equal = 0;
+    for (int other = 0; other < group; ++other) {
+      const uint32_t other_key = __shfl_sync(kFullMask, key, other);
+      greater += other_key > key;
+      equal += other_key == key;
+    }
+    const bool holds_rank = lane < group && greater < remaining && remaining <= greater + equal;
+    if (lane == __ffs(__ballot_sync(kFullMask, holds_rank)) - 1) {
+      s.found[0] = {key, static_cast<uint32_t>(remaining - greater), static_cast<uint32_t>(equal)};
+    }
+  }
+  __syncthreads();
+  const BinFound kth = s.found[0];  // {key, quota, group}
+  return {kth.bin, static_cast<int>(kth.above), static_cast<int>(kth.count), false, static_cast<int>(first.total)};
+}
+
+// Whether an item wins: a key above kth_key, or equal to it at a column <= column_limit.
+struct Wins {
+  uint32_t kth_key;
+  uint32_t column_limit;
+  __device__ __forceinline__ bool operator()(uint32_t bits, int32_t col) const {
+    const uint32_t key = OrderedKeyF32(bits);
+    return key > kth_key || (key == kth_key && static_cast<uint32_t>(col) <= column_limit);
+  }
+};
+
+// Marks the winners' columns in s.work.bitmap (zeroed first: the frontier it aliases is dead).
 template <class Source>
-__device__ __forceinline__ int GatherWinners(SharedStorage& s, const Source& source, uint32_t kth_key,
-                                             uint32_t column_limit) {
-  if (threadIdx.x == 0) s.selected_count = 0;
+__device__ __forceinline__ void MarkWinners(SharedStorage& s, const Source& source, const Wins& wins) {
+  const int words = (s.job.length + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) s.work.bitmap[w] = 0;
   __syncthreads();
   source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
-    const uint32_t key = OrderedKeyF32(bits);
-    const bool wins = valid && (key > kth_key || (key == kth_key && static_cast<uint32_t>(col) <= column_limit));
-    const int position = WarpReserve(&s.selected_count, wins);
-    if (wins && position < kMaxK) {
-      s.work.selected.bits[position] = bits;
-      s.work.selected.col[position] = static_cast<uint32_t>(col);
-    }
+    if (valid && wins(bits, col)) atomicOr(&s.work.bitmap[col / 32], 1u << (col % 32));
   });
+  __syncthreads();
+}
+
+// Puts the winners in s.work.selected, in no particular order. Returns how many.
+template <class Source>
+__device__ __forceinline__ int GatherWinners(SharedStorage& s, const Source& source, const Wins& wins) {
+  if (threadIdx.x == 0) s.selected_count = 0;
+  __syncthreads();
+  if constexpr (std::is_same_v<Source, CandidateSource>) {
+    CompactCandidates(source, &s.selected_count, wins, [&](int position, uint2 c) {
+      if (position < kMaxK) {
+        s.work.selected.bits[position] = c.x;
+        s.work.selected.col[position] = c.y;
+      }
+    });
+  } else {
+    source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+      const bool won = valid && wins(bits, col);
+      const int position = WarpReserve(&s.selected_count, won);
+      if (won && position < kMaxK) {
+        s.work.selected.bits[position] = bits;
+        s.work.selected.col[position] = static_cast<uint32_t>(col);
+      }
+    });
+  }
   __syncthreads();
   return min(s.selected_count, kMaxK);
 }
 
-// The exact top-k of a source (ties to the lowest columns) into s.work.selected; returns
-// min(k, valid items).
+// The exact top-k of a source (ties to the lowest columns): marked in s.work.bitmap (to_bitmap)
+// or gathered into s.work.selected. Returns min(k, valid items). Candidates kept by a cutoff (> 0)
+// take the relative-bin selection.
 template <class Source>
-__device__ __forceinline__ int SelectTopK(SharedStorage& s, const Source& source, int k) {
-  const RankValue kth = FindRankValue(s, source, KeyOfValue{}, k);
-  if (kth.all) return GatherWinners(s, source, 0, 0);  // every valid key is above 0
-  uint32_t column_limit = 0xFFFFFFFFu;
-  if (kth.quota < kth.group) {
-    column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
+__device__ __forceinline__ int SelectTopK(SharedStorage& s, const Source& source, int k, bool to_bitmap,
+                                          uint32_t cutoff) {
+  RankValue kth;
+  if constexpr (std::is_same_v<Source, CandidateSource>) {
+    kth = FindCandidateRankValue(s, source, k, cutoff, s.sample_largest);
+  } else {
+    kth = FindRankValue(s, source, KeyOfValue{}, k);
   }
-  return GatherWinners(s, source, kth.value, column_limit);
+  Wins wins{0, 0};  // kth.all: every valid key is above 0
+  if (!kth.all) {
+    wins = {kth.value, 0xFFFFFFFFu};
+    if (kth.quota < kth.group) wins.column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
+  }
+  if (!to_bitmap) return GatherWinners(s, source, wins);
+  MarkWinners(s, source, wins);
+  return kth.all ? kth.total : k;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -572,11 +742,26 @@ __device__ __forceinline__ SampleSource LoadSample(const float* row, int length,
   return sample;
 }
 
+// Also pulls columns [prefetch_begin, prefetch_end) (up to kPrefetchAhead of them) into L2, behind
+// the sample's loads so that these are not queued after the prefetches, and records the sample's
+// largest key in s.sample_largest (zeroed when the job started).
 __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* row, int length,
-                                                 int64_t row_index, int k) {
-  if (length <= kSharedCandidates) return {0, 0};  // short rows are kept whole
+                                                 int64_t row_index, int k, int prefetch_begin, int prefetch_end) {
+  if (length <= kSharedCandidates) {  // short rows are kept whole
+    PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead);
+    return {0, 0};
+  }
   int positions = 0;
   const SampleSource sample = LoadSample(row, length, row_index, positions);
+  PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead);
+  uint32_t largest = 0;
+#pragma unroll
+  for (int j = 0; j < kSampleLinesPerWarp; ++j) {
+    const uint32_t bits = __float_as_uint(sample.values[j]);
+    if (!IsNanF32(bits)) largest = max(largest, OrderedKeyF32(bits));
+  }
+  largest = __reduce_max_sync(kFullMask, largest);
+  if (threadIdx.x % kWarpSize == 0) atomicMax(&s.sample_largest, largest);  // read after a barrier
   // Sampled rank whose key leaves ~kRetention * k row items above it (positions <= 4096).
   const int64_t primary_rank =
       (kRetention * static_cast<int64_t>(k) * positions + length - 1) / length + kRankSlack;
@@ -618,12 +803,16 @@ __device__ __forceinline__ uint2* WorkerSlice(const FilteredLaunch& launch) {
   return launch.slices + static_cast<int64_t>(blockIdx.x) * launch.slice_entries;
 }
 
-// Starts a row: publishes its index and length (-1: masked) in shared memory.
+// Thread 0 publishes a row's index and length (-1: masked); a barrier must follow.
+__device__ __forceinline__ void PublishJob(SharedStorage& s, int64_t row, int length) {
+  s.job.row = row;
+  s.job.length = length;
+  s.sample_largest = 0;
+}
+
+// Starts a row of a split launch.
 __device__ __forceinline__ void StartJob(SharedStorage& s, const TopkProblem& problem, int64_t row) {
-  if (threadIdx.x == 0) {
-    s.job.row = row;
-    s.job.length = RowLength(problem, row);
-  }
+  if (threadIdx.x == 0) PublishJob(s, row, RowLength(problem, row));
   __syncthreads();
 }
 
@@ -631,70 +820,86 @@ __device__ __forceinline__ const float* JobScores(const SharedStorage& s, const 
   return static_cast<const float*>(problem.scores) + s.job.row * problem.width;
 }
 
-__device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkProblem& problem) {
-  const Cutoffs cutoffs = SampleCutoffs(s, JobScores(s, problem), s.job.length, s.job.row, problem.k);
+// The job's cutoffs; also pulls the start of columns [begin, end) into L2.
+__device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkProblem& problem, int begin, int end) {
+  const Cutoffs cutoffs = SampleCutoffs(s, JobScores(s, problem), s.job.length, s.job.row, problem.k, begin, end);
   if (threadIdx.x == 0) s.job.cutoffs = cutoffs;
   __syncthreads();
 }
 
-// Selects the job's row into s.work.selected, trying in turn the primary cutoff, the secondary
-// and the exact route over the row. Kept candidates go to shared memory, then to the slice.
-// `attempt` is the first cutoff to try (1: the primary is known short); kept >= 0 says its
-// candidates are in s.candidates already (merged by a split finisher).
+// Whether the job's result is ordered through s.work.bitmap (else through s.work.selected).
+__device__ __forceinline__ bool OrdersByBitmap(const SharedStorage& s, const TopkProblem& problem) {
+  return !problem.sorted && s.job.length <= kBitmapColumns;
+}
+
+// Selects the job's row (see SelectTopK), trying in turn the primary cutoff, the secondary and the
+// exact route over the row. Kept candidates go to shared memory, then to the slice. `attempt` is
+// the first cutoff to try (1: the primary is known short); kept >= 0 says its candidates are in
+// s.candidates already (merged by a split finisher).
 __device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaunch& launch, int attempt, int kept) {
   const int k = launch.problem.k;
   const float* row = JobScores(s, launch.problem);
   const CandidateSink keep{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
+  const bool to_bitmap = OrdersByBitmap(s, launch.problem);
   for (; attempt < 2; ++attempt, kept = -1) {
     const uint32_t cutoff = attempt == 0 ? s.job.cutoffs.primary : s.job.cutoffs.secondary;
     if (attempt == 1 && cutoff == s.job.cutoffs.primary) break;  // same band: known short
     if (kept < 0) kept = FilterColumns(s, row, 0, s.job.length, KeepThreshold(cutoff), keep);
     if (kept > keep.Capacity()) break;  // overflow: the exact route re-reads the row
     if (kept >= k || KeepsAll(cutoff)) {
-      return SelectTopK(s, CandidateSource{s.candidates, keep.shared_capacity, keep.global, kept}, k);
+      const CandidateSource candidates{s.candidates, keep.shared_capacity, keep.global, kept};
+      return SelectTopK(s, candidates, k, to_bitmap, KeepsAll(cutoff) ? 0u : cutoff);
     }
   }
-  return SelectTopK(s, RowSource{row, 0, s.job.length}, k);
+  return SelectTopK(s, RowSource{row, 0, s.job.length}, k, to_bitmap, 0u);
 }
 
-// Rows this short are put in column order through a bitmap of their columns (8 words a thread),
-// which aliases the candidate buffer, dead once the winners are gathered. Measured
-// (benches/NOTES.md): 6-8 % faster than the block radix sort at 131072 columns, neutral at
-// 196608-393216, so longer rows keep the sort.
-constexpr int kBitmapColumns = 8 * 32 * kThreadsPerBlock;
-static_assert(kBitmapColumns <= kSharedCandidates * 64, "the bitmap fits the candidate buffer");
-
-// Reorders the m selected columns ascending: one bit per winner in a bitmap of the row, a count
-// of each thread's run of words, one block scan, and every thread writes its winners at their
-// ranks. Linear in the row's words (8 a thread at 131072 columns), where a block radix sort of
-// the 2048 columns takes five 4-bit passes.
-__device__ __forceinline__ void OrderColumnsByBitmap(SharedStorage& s, int m) {
-  uint32_t* const bitmap = reinterpret_cast<uint32_t*>(s.candidates);
-  const int words = (s.job.length + 31) / 32;
-  for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) bitmap[w] = 0;
-  __syncthreads();
-  for (int slot = threadIdx.x; slot < m; slot += kThreadsPerBlock) {
-    const uint32_t col = s.work.selected.col[slot];
-    atomicOr(&bitmap[col / 32], 1u << (col % 32));
-  }
-  __syncthreads();
-  const int words_per_thread = (words + kThreadsPerBlock - 1) / kThreadsPerBlock;
+// Writes the columns marked in s.work.bitmap to s.candidates (dead since the selection) in
+// ascending order: each thread counts a run of words_per_thread (<= kWords) words, one block scan
+// places every thread's columns. Linear in the row's words, where a block radix sort of the 2048
+// columns takes five 4-bit passes.
+template <int kWords>
+__device__ __forceinline__ void OrderBitmap(SharedStorage& s, int words, int words_per_thread) {
+  static_assert(kWords % 4 == 0, "whole uint4 loads");
   const int first_word = static_cast<int>(threadIdx.x) * words_per_thread;
-  const int end_word = min(words, first_word + words_per_thread);
-  uint32_t mine = 0;
-  for (int w = first_word; w < end_word; ++w) mine += __popc(bitmap[w]);
+  uint32_t mine[kWords];
+#pragma unroll
+  for (int q = 0; q < kWords / 4; ++q) {  // 16-byte loads where the run allows (fewer conflicts)
+    uint4 four = make_uint4(0, 0, 0, 0);
+    if (words_per_thread >= 4) {
+      if (4 * q < words_per_thread && first_word + 4 * q < words) {
+        four = *reinterpret_cast<const uint4*>(&s.work.bitmap[first_word + 4 * q]);
+      }
+    } else if (q == 0) {
+      if (first_word < words) four.x = s.work.bitmap[first_word];
+      if (words_per_thread == 2 && first_word + 1 < words) four.y = s.work.bitmap[first_word + 1];
+    }
+    mine[4 * q + 0] = four.x;
+    mine[4 * q + 1] = four.y;
+    mine[4 * q + 2] = four.z;
+    mine[4 * q + 3] = four.w;
+  }
+  uint32_t count = 0;
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    if (first_word + j >= words) mine[j] = 0;  // past the words MarkWinners zeroed
+    count += __popc(mine[j]);
+  }
   uint32_t total;
-  uint32_t position = BlockExclusiveSum(s.warp_sums, mine, total);
-  for (int w = first_word; w < end_word; ++w) {
-    for (uint32_t bits = bitmap[w]; bits != 0; bits &= bits - 1) {
-      s.work.selected.col[position++] = static_cast<uint32_t>(w) * 32 + __ffs(bits) - 1;
+  int position = static_cast<int>(BlockExclusiveSum(s.warp_sums, count, total));
+  uint32_t* const ordered = reinterpret_cast<uint32_t*>(s.candidates);
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    for (uint32_t bits = mine[j]; bits != 0; bits &= bits - 1) {
+      ordered[position++] = static_cast<uint32_t>(first_word + j) * 32 + __ffs(bits) - 1;
     }
   }
   __syncthreads();
 }
 
-// Writes the m selected columns (then -1s): ascending, or by key descending then column
-// ascending when sorted; page-transformed, coalesced.
+// Writes the m winners (then -1s): ascending, or by key descending then column ascending when
+// sorted; page-transformed, coalesced. The winners are in s.work.bitmap when OrdersByBitmap, else
+// in s.work.selected.
 __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& problem, int m) {
   const int k = problem.k;
   int32_t* out = problem.out + s.job.row * k;
@@ -703,14 +908,23 @@ __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& pr
     page_row = problem.page_table +
                TableRowFor(s.job.row, problem.table_rows, problem.table_count) * problem.pages;
   }
-  if (!problem.sorted && s.job.length <= kBitmapColumns) {
-    if (m > 1) OrderColumnsByBitmap(s, m);
+  if (OrdersByBitmap(s, problem)) {
+    if (m > 0) {
+      const int words = (s.job.length + 31) / 32;
+      int words_per_thread = 1;  // the fewest of 1, 2, 4, ... that cover the row
+      while (words_per_thread * kThreadsPerBlock < words) words_per_thread *= 2;
+      if (words_per_thread <= 8) {  // fewer registers and unrolled steps for rows <= 131072
+        OrderBitmap<8>(s, words, words_per_thread);
+      } else {
+        OrderBitmap<kBitmapWordsPerThread>(s, words, words_per_thread);
+      }
+    }
+    const uint32_t* const ordered = reinterpret_cast<const uint32_t*>(s.candidates);
     for (int slot = threadIdx.x; slot < k; slot += kThreadsPerBlock) {
-      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(s.work.selected.col[slot]), page_row,
-                                           problem.log2_page_size)
+      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(ordered[slot]), page_row, problem.log2_page_size)
                            : kEmptySlot;
     }
-    __syncthreads();  // the selection is reused by the next row
+    __syncthreads();  // the buffers are reused by the next row
     return;
   }
   uint32_t cols[kSortItemsPerThread];
@@ -746,12 +960,22 @@ __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& pr
 }
 
 // A whole row by one block.
-__device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaunch& launch) {
+// A whole row by one block. Thread 0 holds `claimed`, the worker's next row, claimed at the
+// row's start; it reads that row's length into `claimed_length` once the claim has returned.
+__device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaunch& launch,
+                                            unsigned long long claimed, int& claimed_length) {
+  const auto read_claimed_length = [&] {
+    if (threadIdx.x != 0) return;
+    const bool real = claimed < static_cast<unsigned long long>(launch.problem.rows);
+    claimed_length = real ? RowLength(launch.problem, static_cast<int64_t>(claimed)) : -1;
+  };
   int m = 0;
   if (s.job.length > 0) {
-    PrefetchToL2(JobScores(s, launch.problem), 0, s.job.length, kPrefetchAhead);
-    SampleJobCutoffs(s, launch.problem);
+    SampleJobCutoffs(s, launch.problem, 0, s.job.length);
+    read_claimed_length();  // used after this row: its latency hides behind the pass
     m = SelectJobRow(s, launch, 0, -1);
+  } else {
+    read_claimed_length();
   }
   WriteRow(s, launch.problem, m);
 }
@@ -841,8 +1065,7 @@ __device__ __forceinline__ void RunSplitPart(SharedStorage& s, const FilteredLau
     const int64_t length = s.job.length;
     const int begin = static_cast<int>((length * part / parts) & ~int64_t{31});
     const int end = part + 1 == parts ? s.job.length : static_cast<int>((length * (part + 1) / parts) & ~int64_t{31});
-    PrefetchToL2(JobScores(s, launch.problem), begin, end, kPrefetchAhead);
-    SampleJobCutoffs(s, launch.problem);  // identical in every part
+    SampleJobCutoffs(s, launch.problem, begin, end);  // identical in every part
     int attempt = 0;
     int kept = -1;
     if (parts > 1) {
@@ -871,15 +1094,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     RunSplitPart(s, launch);
     return;
   }
+  // Thread 0 claims each row one row ahead of its start (index and length in registers), so
+  // that starting a row costs no round trip to the queue and the lengths.
   const unsigned long long rows = static_cast<unsigned long long>(launch.problem.rows);
+  unsigned long long claimed = 0;
+  int claimed_length = -1;
+  if (threadIdx.x == 0) {
+    claimed = atomicAdd(launch.queue_next, 1ull);
+    if (claimed < rows) claimed_length = RowLength(launch.problem, static_cast<int64_t>(claimed));
+  }
   for (;;) {
-    if (threadIdx.x == 0) s.next_row = atomicAdd(launch.queue_next, 1ull);
+    if (threadIdx.x == 0) {
+      s.next_row = claimed;
+      if (claimed < rows) PublishJob(s, static_cast<int64_t>(claimed), claimed_length);
+    }
     __syncthreads();
-    const unsigned long long row = s.next_row;
-    __syncthreads();
-    if (row >= rows) break;
-    StartJob(s, launch.problem, static_cast<int64_t>(row));
-    RunWholeRow(s, launch);
+    if (s.next_row >= rows) break;  // rewritten only after the row's barriers
+    if (threadIdx.x == 0) claimed = atomicAdd(launch.queue_next, 1ull);
+    RunWholeRow(s, launch, claimed, claimed_length);
   }
   if (threadIdx.x == 0) {
     __threadfence();
