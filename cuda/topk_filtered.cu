@@ -62,9 +62,12 @@ constexpr int kSampleLines = 128;
 constexpr int kSampleLinesPerWarp = kSampleLines / kWarpsPerBlock;
 constexpr int kMinSampleStride = 8;
 // Measured (benches/NOTES.md): 1 x k plus 32 ranks beats 2 x k plus 8 by 4-12 %; the slack
-// keeps the primary's under-fill (and its secondary re-read) rare.
+// keeps the primary's under-fill (and its secondary re-read) rare. A whole row by one block
+// re-reads only its own row when short, so it takes less slack (filtered step 6: 24 ranks, ~1 %
+// faster); a split row's under-fill makes one block re-read the whole row, so it keeps 32.
 constexpr int kRetention = 1;
 constexpr int kRankSlack = 32;
+constexpr int kWholeRowRankSlack = 24;
 constexpr int kSecondaryFactor = 2;
 
 // The filtering pass pulls the row into L2 kPrefetchAhead columns ahead of its loads: memory
@@ -85,7 +88,7 @@ static_assert(kSortItemsPerThread * kThreadsPerBlock == kMaxK, "sort covers kMax
 
 constexpr int kMaxParts = 64;
 constexpr int kMinSplitSliceEntries = 1024;  // below this a split part would overflow too often
-constexpr int kMergeBatch = 8;               // merged entries a thread has in flight
+constexpr int kMergeBatch = 16;              // merged entries a thread has in flight
 
 using ColumnSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread>;
 using RankSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread, uint32_t>;
@@ -508,10 +511,22 @@ __device__ __forceinline__ void CompactCandidates(const CandidateSource& source,
     uint2 c[kBatch];
     uint32_t ballots[kBatch];
     int warp_total = 0;
+    if (base + kBatch * kThreadsPerBlock <= source.shared_capacity) {  // block-uniform, the usual case
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {  // all loads first, with no branch to the slice
+        const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
+        c[i] = entry < source.count ? source.shared[entry] : make_uint2(kNanBits, 0);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
+        c[i] = entry < source.count ? source.Get(entry) : make_uint2(kNanBits, 0);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
-      c[i] = entry < source.count ? source.Get(entry) : make_uint2(kNanBits, 0);
       ballots[i] = __ballot_sync(kFullMask, entry < source.count && keep(c[i].x, static_cast<int32_t>(c[i].y)));
       warp_total += __popc(ballots[i]);
     }
@@ -746,7 +761,8 @@ __device__ __forceinline__ SampleSource LoadSample(const float* row, int length,
 // the sample's loads so that these are not queued after the prefetches, and records the sample's
 // largest key in s.sample_largest (zeroed when the job started).
 __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* row, int length,
-                                                 int64_t row_index, int k, int prefetch_begin, int prefetch_end) {
+                                                 int64_t row_index, int k, int rank_slack, int prefetch_begin,
+                                                 int prefetch_end) {
   if (length <= kSharedCandidates) {  // short rows are kept whole
     PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead);
     return {0, 0};
@@ -764,7 +780,7 @@ __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* 
   if (threadIdx.x % kWarpSize == 0) atomicMax(&s.sample_largest, largest);  // read after a barrier
   // Sampled rank whose key leaves ~kRetention * k row items above it (positions <= 4096).
   const int64_t primary_rank =
-      (kRetention * static_cast<int64_t>(k) * positions + length - 1) / length + kRankSlack;
+      (kRetention * static_cast<int64_t>(k) * positions + length - 1) / length + rank_slack;
   const int64_t secondary_rank = kSecondaryFactor * primary_rank + kRankSlack;
   DigitHistogram(s, sample, KeyOfValue{}, 0, 0, 0);
   const BinSearch coarse =
@@ -821,8 +837,10 @@ __device__ __forceinline__ const float* JobScores(const SharedStorage& s, const 
 }
 
 // The job's cutoffs; also pulls the start of columns [begin, end) into L2.
-__device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkProblem& problem, int begin, int end) {
-  const Cutoffs cutoffs = SampleCutoffs(s, JobScores(s, problem), s.job.length, s.job.row, problem.k, begin, end);
+__device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkProblem& problem, int rank_slack,
+                                                 int begin, int end) {
+  const Cutoffs cutoffs =
+      SampleCutoffs(s, JobScores(s, problem), s.job.length, s.job.row, problem.k, rank_slack, begin, end);
   if (threadIdx.x == 0) s.job.cutoffs = cutoffs;
   __syncthreads();
 }
@@ -971,7 +989,7 @@ __device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaun
   };
   int m = 0;
   if (s.job.length > 0) {
-    SampleJobCutoffs(s, launch.problem, 0, s.job.length);
+    SampleJobCutoffs(s, launch.problem, kWholeRowRankSlack, 0, s.job.length);
     read_claimed_length();  // used after this row: its latency hides behind the pass
     m = SelectJobRow(s, launch, 0, -1);
   } else {
@@ -1065,7 +1083,7 @@ __device__ __forceinline__ void RunSplitPart(SharedStorage& s, const FilteredLau
     const int64_t length = s.job.length;
     const int begin = static_cast<int>((length * part / parts) & ~int64_t{31});
     const int end = part + 1 == parts ? s.job.length : static_cast<int>((length * (part + 1) / parts) & ~int64_t{31});
-    SampleJobCutoffs(s, launch.problem, begin, end);  // identical in every part
+    SampleJobCutoffs(s, launch.problem, kRankSlack, begin, end);  // identical in every part
     int attempt = 0;
     int kept = -1;
     if (parts > 1) {
