@@ -15,6 +15,15 @@ def _nan_and_zero_rows(rng, rows, n):
     return scores.astype(jax.numpy.bfloat16)
 
 
+def _periodic_rows(rng, rows, n):
+    """Rows whose every period-th value is 10 higher (or lower): some sample phases see only those."""
+    scores = rng.standard_normal((rows, n), np.float32) * 0.01
+    for r in range(rows):
+        period = (2, 4, 16, 64, 256)[r % 5]
+        scores[r, r % period::period] += 10.0 if r % 2 else -10.0
+    return scores
+
+
 def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(60)
@@ -29,6 +38,10 @@ def main():
         (jax_topk.topk_filtered, rng.standard_normal((300, 12_000), np.float32),
          dict(k=512, sorted=True)),
         (jax_topk.topk_filtered, np.full((2, 30_000), 3.0, np.float32), dict(k=2048)),
+        # Whole rows that fool the sample (secondary and exact routes), and split rows whose
+        # random lengths fall on both sides of the column-bitmap limit (131072 / 262144).
+        (jax_topk.topk_filtered, _periodic_rows(rng, 300, 20_000), dict(k=2048)),
+        (jax_topk.topk_filtered, rng.standard_normal((4, 262_144), np.float32), dict(k=2048)),
     ]
     for fn, scores, kwargs in cases:
         rows, n = scores.shape

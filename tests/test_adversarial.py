@@ -106,13 +106,14 @@ def test_pivot_at_smallest_normals_and_subnormals(op, backend):
                                           err_msg=f"k={k} sorted={sorted_}")
 
 
-@pytest.mark.parametrize("n", [131072, 131073])
-def test_filtered_rows_at_the_column_bitmap_limit(backend, n):
-    """topk_filtered orders its winners through a bitmap for rows up to 131072 columns and by a
-    sort beyond: rows on both sides of that limit, ties included."""
-    rng = np.random.default_rng(n)
-    scores = np.round(rng.standard_normal((4, n)).astype(np.float32) * 64) / 64  # many ties
-    lengths = np.array([n, n - 1, 131072, 70001], np.int32)
+def test_filtered_rows_at_the_column_bitmap_limit(backend):
+    """topk_filtered orders unsorted winners through a bitmap of the row for rows up to 262144
+    columns (runs of 1 to 16 words a thread) and by a sort beyond: rows on both sides of that
+    limit and of the run-length steps, ties included."""
+    rng = np.random.default_rng(262144)
+    n = 262150
+    scores = np.round(rng.standard_normal((8, n)).astype(np.float32) * 64) / 64  # many ties
+    lengths = np.array([262144, 262145, 262143, 131072, 131073, 65536, 16385, 16384], np.int32)
     for sorted_ in (False, True):
         out = run_op("topk_filtered", backend, scores, lengths, k=2048, sorted=sorted_)
         np.testing.assert_array_equal(out, reference_topk(scores, lengths, 2048, sorted=sorted_),

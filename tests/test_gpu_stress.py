@@ -116,3 +116,69 @@ def test_cuda_graph_replay():
                             env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "graph replay: ok" in result.stdout
+
+
+def tied_group_rows(rng, rows, n, k, copies):
+    """k - copies // 2 distinct large values, then `copies` equal ones: the k-th value is a group
+    of `copies` members of which only the lower half of the columns wins."""
+    out = rng.standard_normal((rows, n)).astype(np.float32) * 0.01
+    for row in out:
+        columns = rng.permutation(n)[: k - copies // 2 + copies]
+        row[columns[: k - copies // 2]] = 10.0 + np.arange(k - copies // 2, dtype=np.float32) * 1e-3
+        row[columns[k - copies // 2:]] = 5.0
+    return out
+
+
+@pytest.mark.parametrize("copies", [2, 32, 33])
+@pytest.mark.parametrize("rows", [4, 300])
+def test_filtered_tied_boundary_groups(rows, copies):
+    """The boundary bin of topk_filtered's relative histogram holds a group of equal keys: one
+    warp ranks up to 32 members (with a tie quota), more take the digit selection; whole rows
+    (300 rows) and split rows (4 rows)."""
+    rng = np.random.default_rng(rows * 100 + copies)
+    scores = tied_group_rows(rng, rows, 131072, 2048, copies)
+    lengths = np.full(rows, 131072, np.int32)
+    for sorted_ in (False, True):
+        assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
+
+
+@pytest.mark.parametrize("rows", [4, 300])
+def test_filtered_candidates_past_shared_memory(rows):
+    """More candidates than the 8192 kept in shared memory (8000 equal values near the cutoff):
+    the selection reads the rest from the worker's slice."""
+    rng = np.random.default_rng(50 + rows)
+    n = 65536
+    scores = rng.standard_normal((rows, n)).astype(np.float32) * 0.01
+    for row in scores:
+        columns = rng.permutation(n)
+        row[columns[:600]] = 10.0 + np.arange(600, dtype=np.float32) * 1e-3
+        row[columns[600:8600]] = 1.0
+    lengths = np.full(rows, n, np.int32)
+    for sorted_ in (False, True):
+        assert_same_on_both("topk_filtered", scores, lengths, k=512, sorted=sorted_)
+    constant = np.full((rows, 12000), 1.0, np.float32)
+    assert_same_on_both("topk_filtered", constant, np.full(rows, 12000, np.int32), k=2048, sorted=True)
+
+
+def test_filtered_whole_rows_of_every_family():
+    """Enough rows that every block takes whole rows (the persistent queue), for the value
+    families and the sample foolers, random lengths, both orders."""
+    rng = np.random.default_rng(52)
+    for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
+        scores = _families.make(family, rng, (300, 40_000), "float32")
+        lengths = rng.integers(-2, 40_003, size=300).astype(np.int32)
+        for sorted_ in (False, True):
+            assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
+    scores = sample_foolers(rng, 300, 65536)
+    lengths = rng.integers(0, 65537, size=300).astype(np.int32)
+    for sorted_ in (False, True):
+        assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
+
+
+def test_filtered_whole_rows_with_masked_rows():
+    rng = np.random.default_rng(53)
+    scores = rng.standard_normal((300, 20_000)).astype(np.float32)
+    lengths = rng.integers(0, 20_001, size=300).astype(np.int32)
+    for valid in (137, 0, 300):
+        out = assert_same_on_both("topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid))
+        assert (out[max(valid, 0):] == -1).all()
