@@ -977,7 +977,6 @@ __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& pr
   __syncthreads();  // the sort storage is reused by the next row
 }
 
-// A whole row by one block.
 // A whole row by one block. Thread 0 holds `claimed`, the worker's next row, claimed at the
 // row's start; it reads that row's length into `claimed_length` once the claim has returned.
 __device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaunch& launch,
