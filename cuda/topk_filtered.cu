@@ -541,27 +541,38 @@ __device__ __forceinline__ void CompactCandidates(const CandidateSource& source,
   }
 }
 
+// Puts value(bits, col) of the candidates that are members into the frontier (frontier_count
+// of them).
+template <class Member, class Value>
+__device__ __forceinline__ void CompactCandidatesToFrontier(SharedStorage& s, const CandidateSource& source,
+                                                            const Member& member, const Value& value) {
+  if (threadIdx.x == 0) s.frontier_count = 0;
+  __syncthreads();
+  CompactCandidates(source, &s.frontier_count, member, [&](int position, uint2 c) {
+    s.work.frontier[position] = value(c.x, static_cast<int32_t>(c.y));
+  });
+  __syncthreads();
+}
+
 // Copies the projected values of the group `prefix` into the frontier.
 template <class Source, class Project>
 __device__ __forceinline__ void CompactGroup(SharedStorage& s, const Source& source, const Project& project,
                                              uint32_t prefix, uint32_t prefix_mask) {
-  if (threadIdx.x == 0) s.frontier_count = 0;
-  __syncthreads();
   if constexpr (std::is_same_v<Source, CandidateSource>) {
-    CompactCandidates(
-        source, &s.frontier_count,
-        [&](uint32_t bits, int32_t col) {
-          uint32_t value = 0;
-          return project(bits, col, value) && (value & prefix_mask) == prefix;
-        },
-        [&](int position, uint2 c) {
-          uint32_t value = 0;
-          project(c.x, static_cast<int32_t>(c.y), value);
-          s.work.frontier[position] = value;
-        });
-    __syncthreads();
+    const auto member = [&](uint32_t bits, int32_t col) {
+      uint32_t value = 0;
+      return project(bits, col, value) && (value & prefix_mask) == prefix;
+    };
+    const auto projected = [&](uint32_t bits, int32_t col) {
+      uint32_t value = 0;
+      project(bits, col, value);
+      return value;
+    };
+    CompactCandidatesToFrontier(s, source, member, projected);
     return;
   }
+  if (threadIdx.x == 0) s.frontier_count = 0;
+  __syncthreads();
   source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
     uint32_t value = 0;
     const bool member = valid && project(bits, col, value) && (value & prefix_mask) == prefix;
@@ -637,12 +648,9 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s, co
     return FindRankValue(s, source, KeyOfValue{}, rank);
   }
   const int remaining = rank - static_cast<int>(first.a.above);
-  if (threadIdx.x == 0) s.frontier_count = 0;
-  __syncthreads();
-  CompactCandidates(
-      source, &s.frontier_count, [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
-      [&](int position, uint2 c) { s.work.frontier[position] = OrderedKeyF32(c.x); });
-  __syncthreads();
+  CompactCandidatesToFrontier(
+      s, source, [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
+      [](uint32_t bits, int32_t) { return OrderedKeyF32(bits); });
   if (threadIdx.x < kWarpSize) {  // each member counts the members above it and equal to it
     const int lane = threadIdx.x;
     const uint32_t key = lane < group ? s.work.frontier[lane] : 0u;
