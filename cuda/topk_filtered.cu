@@ -8,7 +8,9 @@
 // order (a block radix sort for sorted=true or rows over kBitmapColumns).
 // Traffic: the sample (<= 1/8 of the row) + one read. Underfill retries the secondary cutoff; still
 // short, or more kept than fits, takes the exact route (radix passes over the row). Limits: width <
-// 2^31, k <= kMaxK. Few rows: each row is split over blocks (KV-split), the last to arrive merges.
+// 2^31, k <= kMaxK. Few rows: a thread block cluster a row (KV-split); its blocks add up their
+// candidates' histograms through distributed shared memory and each writes its own winners.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -25,12 +27,14 @@
 namespace jax_topk {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreadsPerBlock = 512;
 constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kBlocksPerSm = 2;
-constexpr int kMaxPoolBlocks = 480;  // keeps the kernel's counters inside kFilteredHeaderBytes
+constexpr int kMaxPoolBlocks = 480;  // the queue's pool at most (the slices shrink past kFilteredWorkerSlots)
 
 // Rows are read in 16-byte chunks; chunk c of thread t in a tile starts at column
 // 4 * (t + kThreadsPerBlock * c), so each warp load covers 512 contiguous bytes. A thread keeps
@@ -86,9 +90,13 @@ constexpr int kBitmapColumns = kBitmapWordsPerThread * 32 * kThreadsPerBlock;
 constexpr int kSortItemsPerThread = kMaxK / kThreadsPerBlock;
 static_assert(kSortItemsPerThread * kThreadsPerBlock == kMaxK, "sort covers kMaxK");
 
-constexpr int kMaxParts = 64;
+// Split mode: a row per thread block cluster of up to kMaxClusterParts blocks (16 needs the
+// non-portable cluster size; the launch takes the largest whose clusters are all resident at once).
+// The parts' histograms are added up in two steps: super-bins of a warp's worth of adjacent bins,
+// then the bins of the one super-bin that holds the rank.
+constexpr int kMaxClusterParts = 16;
+constexpr int kSuperBins = kDigitBins / kWarpSize;
 constexpr int kMinSplitSliceEntries = 1024;  // below this a split part would overflow too often
-constexpr int kMergeBatch = 16;              // merged entries a thread has in flight
 
 using ColumnSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread>;
 using RankSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread, uint32_t>;
@@ -126,14 +134,30 @@ struct SharedStorage {
   uint32_t hist[kDigitBins];  // all zero between uses
   uint32_t warp_sums[kWarpsPerBlock];  // BlockExclusiveSum's per-warp totals
   BinFound found[2];
-  uint32_t part_offset[kMaxParts];  // split finisher: where each part's candidates go
-  int kept;                         // append counters
+  int kept;  // append counters; kept is read by the other blocks of a split row's cluster
   int frontier_count;
   int selected_count;
   RowJob job;
   unsigned long long next_row;
-  int last_part;
   uint32_t sample_largest;  // the largest sampled key of the job's row (0: none)
+  struct {                  // split mode: what the blocks of a row's cluster share
+    uint32_t super[kSuperBins];  // this part's candidates per super-bin (read by the others)
+    uint2 boundary[kWarpSize];   // this part's candidates in the k-th key's bin (read by the others)
+    int boundary_count;
+    uint32_t super_sum[kSuperBins];     // the cluster's super-bins (all parts, and earlier parts)
+    uint32_t super_before[kSuperBins];
+    uint32_t bins_of_part[kMaxClusterParts][kWarpSize];  // every part's bins of the rank's super-bin
+    uint32_t part_offset[kMaxClusterParts];  // where each part's candidates go when merged
+    uint32_t total;                          // candidates kept over the cluster
+    bool overflow;                           // a part kept more than its sink holds
+    BinFound kth_bin;                        // the rank's bin over the cluster
+    uint32_t own_above;                      // this part's candidates in the bins above it
+    uint32_t above_before;                   // the earlier parts' candidates there
+    uint32_t kth_key;                        // the settled row's k-th key ...
+    uint32_t column_limit;                   // ... and the last column of it that wins
+    uint32_t members_before;                 // winning boundary members in earlier parts
+    uint32_t members_mine;                   // ... and in this part
+  } cluster;
 };
 static_assert(sizeof(uint32_t) * kBitmapColumns / 32 <= sizeof(uint32_t) * kFrontierCapacity,
               "the bitmap shares the frontier's space");
@@ -468,33 +492,43 @@ __device__ __forceinline__ void DigitHistogram(SharedStorage& s, const Source& s
 }
 
 // The bins holding the rank_a-th and rank_b-th largest histogram items (a rank of 0 or past the
-// total finds nothing), and the total. Leaves the histogram zeroed for its next use.
+// total finds nothing), and the total.
 struct BinSearch {
   BinFound a;
   BinFound b;
   uint32_t total;
 };
-__device__ __forceinline__ BinSearch FindBins(SharedStorage& s, uint32_t rank_a, uint32_t rank_b) {
-  uint32_t counts[kBinsPerThread];
+// The bin a thread's j-th count stands for: thread 0 owns the top bins.
+__device__ __forceinline__ int BinOf(int j) {
+  return kDigitBins - 1 - (static_cast<int>(threadIdx.x) * kBinsPerThread + j);
+}
+// The search over a histogram held as each thread's counts of its bins (BinOf).
+__device__ __forceinline__ BinSearch SearchBins(SharedStorage& s, const uint32_t (&counts)[kBinsPerThread],
+                                                uint32_t rank_a, uint32_t rank_b) {
   uint32_t mine = 0;
 #pragma unroll
-  for (int j = 0; j < kBinsPerThread; ++j) {  // thread 0 owns the top bins
-    const int bin = kDigitBins - 1 - (static_cast<int>(threadIdx.x) * kBinsPerThread + j);
-    counts[j] = s.hist[bin];
-    s.hist[bin] = 0;
-    mine += counts[j];
-  }
+  for (int j = 0; j < kBinsPerThread; ++j) mine += counts[j];
   uint32_t total;
   uint32_t above = BlockExclusiveSum(s.warp_sums, mine, total);
 #pragma unroll
   for (int j = 0; j < kBinsPerThread; ++j) {
-    const uint32_t bin = kDigitBins - 1 - (threadIdx.x * kBinsPerThread + j);
+    const uint32_t bin = BinOf(j);
     if (above < rank_a && rank_a <= above + counts[j]) s.found[0] = {bin, above, counts[j]};
     if (above < rank_b && rank_b <= above + counts[j]) s.found[1] = {bin, above, counts[j]};
     above += counts[j];
   }
   __syncthreads();
   return {s.found[0], s.found[1], total};
+}
+// The search over s.hist, which it leaves zeroed for its next use.
+__device__ __forceinline__ BinSearch FindBins(SharedStorage& s, uint32_t rank_a, uint32_t rank_b) {
+  uint32_t counts[kBinsPerThread];
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    counts[j] = s.hist[BinOf(j)];
+    s.hist[BinOf(j)] = 0;
+  }
+  return SearchBins(s, counts, rank_a, rank_b);
 }
 
 // Calls put(position, candidate) for the candidates that keep(bits, col), at positions 0, 1, ...
@@ -620,33 +654,55 @@ __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Sourc
   return {prefix, static_cast<int>(remaining), static_cast<int>(group), false, static_cast<int>(first.total)};
 }
 
-// The rank-th largest key of candidates kept by `cutoff` (> 0), given the sample's largest key:
-// one histogram in 2048 bins relative to the cutoff, spanning [cutoff, largest] (keys past it in
-// the last bin), usually leaves the k-th key in a bin of a few candidates, which one warp ranks
-// directly. A boundary in the first or last bin, or among more than a warp's worth, falls back to
-// the three-digit selection (the answer never depends on the sample, only the work does).
-__device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s, const CandidateSource& source,
-                                                            int rank, uint32_t cutoff, uint32_t largest) {
-  if (cutoff == 0 || largest <= cutoff) return FindRankValue(s, source, KeyOfValue{}, rank);
-  constexpr uint32_t kLastBin = kDigitBins - 1;
-  const uint32_t quotient = (largest - cutoff) / kLastBin;  // the smallest shift leaving largest
-  const int shift = quotient == 0 ? 0 : 32 - __clz(quotient);  // below the last bin
-  auto relative_bin = [&](uint32_t key) {
-    if (key < cutoff) return 0u;  // kept under a +-0 threshold: the first bin never settles a rank
+// 2048 bins relative to a cutoff (> 0), spanning [cutoff, largest]: keys past largest fall in the
+// last bin, keys below the cutoff (kept under a +-0 threshold) in the first. A rank in a bin of
+// a few candidates is then ranked directly; the first and last bins never settle one.
+struct RelativeBins {
+  uint32_t cutoff;
+  int shift;
+  __device__ __forceinline__ RelativeBins(uint32_t cutoff_key, uint32_t largest) : cutoff(cutoff_key) {
+    const uint32_t quotient = (largest - cutoff) / kLastBin;  // the smallest shift leaving largest
+    shift = quotient == 0 ? 0 : 32 - __clz(quotient);          // below the last bin
+  }
+  // Whether bins relative to cutoff can settle a rank (else the radix digits do).
+  __device__ __forceinline__ static bool Apply(uint32_t cutoff_key, uint32_t largest) {
+    return cutoff_key != 0 && largest > cutoff_key;
+  }
+  __device__ __forceinline__ uint32_t operator()(uint32_t key) const {
+    if (key < cutoff) return 0u;
     const uint32_t bin = (key - cutoff) >> shift;
     return bin < kLastBin ? bin : kLastBin;
-  };
+  }
+  // Whether the rank's bin, of `count` candidates, is one a warp ranks.
+  __device__ __forceinline__ static bool Settles(const BinFound& found) {
+    return found.bin != 0 && found.bin != kLastBin && found.count <= kWarpSize;
+  }
+  static constexpr uint32_t kLastBin = kDigitBins - 1;
+};
+
+// Adds this block's candidates to s.hist in relative bins; a barrier follows.
+__device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const CandidateSource& source,
+                                                  const RelativeBins& bins) {
   source.ForEach([&](uint32_t bits, int32_t, bool valid) {
-    if (valid) atomicAdd(&s.hist[relative_bin(OrderedKeyF32(bits))], 1u);
+    if (valid) atomicAdd(&s.hist[bins(OrderedKeyF32(bits))], 1u);
   });
   __syncthreads();
+}
+
+// The rank-th largest key of candidates kept by `cutoff`, given the sample's largest key: one
+// histogram in relative bins usually leaves the k-th key in a bin of a few candidates, which one
+// warp ranks directly. Otherwise the three-digit selection (the answer never depends on the
+// sample, only the work does).
+__device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s, const CandidateSource& source,
+                                                            int rank, uint32_t cutoff, uint32_t largest) {
+  if (!RelativeBins::Apply(cutoff, largest)) return FindRankValue(s, source, KeyOfValue{}, rank);
+  const RelativeBins relative_bin(cutoff, largest);
+  RelativeHistogram(s, source, relative_bin);
   const BinSearch first = FindBins(s, rank, 0);
   if (first.total < static_cast<uint32_t>(rank)) return {0, 0, 0, true, static_cast<int>(first.total)};
   const uint32_t group_bin = first.a.bin;
   const int group = static_cast<int>(first.a.count);
-  if (group_bin == 0 || group_bin == kLastBin || group > kWarpSize) {
-    return FindRankValue(s, source, KeyOfValue{}, rank);
-  }
+  if (!RelativeBins::Settles(first.a)) return FindRankValue(s, source, KeyOfValue{}, rank);
   const int remaining = rank - static_cast<int>(first.a.above);
   CompactCandidatesToFrontier(
       s, source, [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
@@ -681,14 +737,16 @@ struct Wins {
   }
 };
 
-// Marks the winners' columns in s.work.bitmap (zeroed first: the frontier it aliases is dead).
+// Marks the winners' columns, all in [base, base + span) with base a multiple of 32, in
+// s.work.bitmap (zeroed first: the frontier it aliases is dead); bit c stands for column base + c.
 template <class Source>
-__device__ __forceinline__ void MarkWinners(SharedStorage& s, const Source& source, const Wins& wins) {
-  const int words = (s.job.length + 31) / 32;
+__device__ __forceinline__ void MarkWinners(SharedStorage& s, const Source& source, const Wins& wins, int base,
+                                            int span) {
+  const int words = (span + 31) / 32;
   for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) s.work.bitmap[w] = 0;
   __syncthreads();
   source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
-    if (valid && wins(bits, col)) atomicOr(&s.work.bitmap[col / 32], 1u << (col % 32));
+    if (valid && wins(bits, col)) atomicOr(&s.work.bitmap[(col - base) / 32], 1u << (col % 32));
   });
   __syncthreads();
 }
@@ -737,7 +795,7 @@ __device__ __forceinline__ int SelectTopK(SharedStorage& s, const Source& source
     if (kth.quota < kth.group) wins.column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
   }
   if (!to_bitmap) return GatherWinners(s, source, wins);
-  MarkWinners(s, source, wins);
+  MarkWinners(s, source, wins, 0, s.job.length);
   return kth.all ? kth.total : k;
 }
 
@@ -808,11 +866,8 @@ struct FilteredLaunch {
   TopkProblem problem;
   unsigned long long* queue_next;  // the next row a worker takes (queue mode)
   unsigned int* workers_done;      // the last worker to finish zeroes the counters
-  unsigned int* parts_arrived;     // [rows], split mode
-  int* part_kept;                  // [grid], split mode: candidates each part kept
   uint2* slices;                   // [grid][slice_entries]
   int slice_entries;
-  int parts;                       // > 1: split mode
 };
 
 // The row's valid length, or -1 when the row is masked out by num_valid_rows.
@@ -923,31 +978,33 @@ __device__ __forceinline__ void OrderBitmap(SharedStorage& s, int words, int wor
   __syncthreads();
 }
 
-// Writes the m winners (then -1s): ascending, or by key descending then column ascending when
-// sorted; page-transformed, coalesced. The winners are in s.work.bitmap when OrdersByBitmap, else
-// in s.work.selected.
-__device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& problem, int m) {
-  const int k = problem.k;
-  int32_t* out = problem.out + s.job.row * k;
+// Writes m winners to out slots [first_slot, first_slot + m) and, with pad, kEmptySlot to the
+// slots after them up to k: ascending, or by key descending then column ascending when sorted;
+// page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
+// [base, base + span); else they are in s.work.selected.
+__device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem& problem, int m, int first_slot,
+                                             int base, int span, bool by_bitmap, bool pad) {
+  const int slots = pad ? problem.k - first_slot : m;
+  int32_t* out = problem.out + s.job.row * problem.k + first_slot;
   const int32_t* page_row = nullptr;
   if (problem.page_table != nullptr && m > 0) {
     page_row = problem.page_table +
                TableRowFor(s.job.row, problem.table_rows, problem.table_count) * problem.pages;
   }
-  if (OrdersByBitmap(s, problem)) {
+  if (by_bitmap) {
     if (m > 0) {
-      const int words = (s.job.length + 31) / 32;
-      int words_per_thread = 1;  // the fewest of 1, 2, 4, ... that cover the row
+      const int words = (span + 31) / 32;
+      int words_per_thread = 1;  // the fewest of 1, 2, 4, ... that cover the span
       while (words_per_thread * kThreadsPerBlock < words) words_per_thread *= 2;
-      if (words_per_thread <= 8) {  // fewer registers and unrolled steps for rows <= 131072
+      if (words_per_thread <= 8) {  // fewer registers and unrolled steps for spans <= 131072
         OrderBitmap<8>(s, words, words_per_thread);
       } else {
         OrderBitmap<kBitmapWordsPerThread>(s, words, words_per_thread);
       }
     }
     const uint32_t* const ordered = reinterpret_cast<const uint32_t*>(s.candidates);
-    for (int slot = threadIdx.x; slot < k; slot += kThreadsPerBlock) {
-      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(ordered[slot]), page_row, problem.log2_page_size)
+    for (int slot = threadIdx.x; slot < slots; slot += kThreadsPerBlock) {
+      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(base + ordered[slot]), page_row, problem.log2_page_size)
                            : kEmptySlot;
     }
     __syncthreads();  // the buffers are reused by the next row
@@ -977,12 +1034,17 @@ __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& pr
 #pragma unroll
   for (int j = 0; j < kSortItemsPerThread; ++j) {
     const int slot = threadIdx.x + kThreadsPerBlock * j;
-    if (slot < k) {
+    if (slot < slots) {
       out[slot] = slot < m ? PageTransform(static_cast<int32_t>(cols[j]), page_row, problem.log2_page_size)
                            : kEmptySlot;
     }
   }
   __syncthreads();  // the sort storage is reused by the next row
+}
+
+// Writes the job's m winners, then -1s (see WriteWinners).
+__device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& problem, int m) {
+  WriteWinners(s, problem, m, 0, 0, s.job.length, OrdersByBitmap(s, problem), true);
 }
 
 // A whole row by one block. Thread 0 holds `claimed`, the worker's next row, claimed at the
@@ -1006,104 +1068,310 @@ __device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaun
 }
 
 // ---------------------------------------------------------------------------------------------
-// Split mode: block b serves part b % parts of row b / parts and keeps its candidates in its
-// slice; the last part of the row to arrive merges them when they settle the row, or else does
-// the row whole. Masked and short rows use fewer parts (part 0 alone does the row whole).
+// Split mode: a row per thread block cluster; part p of its blocks filters columns [begin_p, end_p)
+// into its own sink. The parts add up their candidates' relative-bin histograms through
+// distributed shared memory, one warp in each ranks the few candidates of the k-th key's bin, and
+// every part writes its own winners, in column order, after the winners of the parts before it.
+// An underfilled primary is retried by every part with the secondary cutoff. A row this does not
+// settle (a crowded k-th bin, sorted results, cutoffs that keep everything) is merged into part 0
+// when its candidates fit there, else done whole by part 0 by the exact route.
 
-__device__ __forceinline__ int SplitParts(int length, int launch_parts) {
-  const int useful = length / kFilteredSplitPartColumns + (length % kFilteredSplitPartColumns > 0);
-  return useful > 1 ? (useful < launch_parts ? useful : launch_parts) : 1;
+// The first column of `part` (parts: the row's end); rounded down to 32 columns (bitmap words).
+__device__ __forceinline__ int PartBegin(int64_t length, int part, int parts) {
+  return part == parts ? static_cast<int>(length) : static_cast<int>((length * part / parts) & ~int64_t{31});
 }
 
-// Publishes this part's kept count; returns whether this block is the last part of the row to
-// arrive (it then sees every part's candidates).
-__device__ __forceinline__ bool ArriveLast(SharedStorage& s, const FilteredLaunch& launch, int kept, int parts) {
-  if (threadIdx.x == 0) launch.part_kept[blockIdx.x] = kept;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned arrived = atomicAdd(&launch.parts_arrived[s.job.row], 1u);
-    s.last_part = arrived == static_cast<unsigned>(parts - 1);
+// Reads every part's kept count (after a cluster barrier): s.cluster's total, overflow and
+// part_offset (where each part's candidates go when merged).
+__device__ __forceinline__ void TallyCluster(SharedStorage& s, const cg::cluster_group& cluster, int parts,
+                                             int capacity) {
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    const int kept = lane < parts ? *cluster.map_shared_rank(&s.kept, lane) : 0;
+    const int inclusive = WarpInclusiveSum(kept);  // <= the row's length
+    const bool overflow = __any_sync(kFullMask, kept > capacity);
+    if (lane < parts) s.cluster.part_offset[lane] = static_cast<uint32_t>(inclusive - kept);
+    if (lane == kWarpSize - 1) {
+      s.cluster.total = static_cast<uint32_t>(inclusive);
+      s.cluster.overflow = overflow;
+    }
   }
   __syncthreads();
-  const bool last = s.last_part;
-  if (last) __threadfence();
-  return last;
 }
 
-// The part whose merged range holds `entry` (part_offset is non-decreasing).
+// This part's candidates per super-bin, for the other parts (after RelativeHistogram).
+__device__ __forceinline__ void PublishSuperBins(SharedStorage& s) {
+  const int lane = threadIdx.x % kWarpSize;
+  for (int super = threadIdx.x / kWarpSize; super < kSuperBins; super += kWarpsPerBlock) {
+    const uint32_t count = __reduce_add_sync(kFullMask, s.hist[super * kWarpSize + lane]);
+    if (lane == 0) s.cluster.super[super] = count;
+  }
+}
+
+// Adds part q's count to a cluster-wide and, for parts before this one, an earlier-parts tally.
+__device__ __forceinline__ void AddPartCount(uint32_t* sum, uint32_t* before, int q, int part, uint32_t count) {
+  if (count == 0) return;
+  atomicAdd(sum, count);
+  if (q < part) atomicAdd(before, count);
+}
+
+// Finds the bin of the rank-th largest candidate over the cluster (rank <= the cluster's total;
+// after a cluster barrier that follows every part's PublishSuperBins): s.cluster's kth_bin,
+// own_above and above_before. The super-bins of every part first, then the 32 bins of the one
+// holding the rank, each part's kept in s.cluster.bins_of_part.
+__device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::cluster_group& cluster, int parts,
+                                                int part, uint32_t rank) {
+  static_assert(kSuperBins * kMaxClusterParts <= 2 * kThreadsPerBlock, "two super-bins a thread");
+  static_assert(kWarpSize * kMaxClusterParts <= kThreadsPerBlock, "one bin a thread");
+  const int lane = threadIdx.x % kWarpSize;
+  const bool first_warp = threadIdx.x < kWarpSize;
+  uint32_t counts[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // both loads first
+    const int item = threadIdx.x + kThreadsPerBlock * i;
+    counts[i] = item < kSuperBins * parts
+                    ? cluster.map_shared_rank(s.cluster.super, item / kSuperBins)[item % kSuperBins] : 0u;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int item = threadIdx.x + kThreadsPerBlock * i;
+    AddPartCount(&s.cluster.super_sum[item % kSuperBins], &s.cluster.super_before[item % kSuperBins],
+                 item / kSuperBins, part, counts[i]);
+  }
+  __syncthreads();
+  // One warp finds the super-bin, two a lane, the top ones first.
+  if (first_warp) {
+    const int high = kSuperBins - 1 - 2 * lane;
+    const uint32_t in_high = s.cluster.super_sum[high];
+    const uint32_t in_pair = in_high + s.cluster.super_sum[high - 1];
+    const uint32_t above_pair = static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(in_pair))) - in_pair;
+    const bool holds = above_pair < rank && rank <= above_pair + in_pair;
+    const int holder = __ffs(__ballot_sync(kFullMask, holds)) - 1;
+    const bool in_high_bin = __shfl_sync(kFullMask, above_pair + in_high, holder) >= rank;
+    const int super = kSuperBins - 1 - 2 * holder - (in_high_bin ? 0 : 1);
+    const uint32_t above = __shfl_sync(kFullMask, in_high_bin ? above_pair : above_pair + in_high, holder);
+    // The earlier parts' and this part's candidates in the super-bins above it.
+    const bool high_above = high > super;
+    const bool low_above = high - 1 > super;
+    const uint32_t before = __reduce_add_sync(kFullMask, (high_above ? s.cluster.super_before[high] : 0u) +
+                                                             (low_above ? s.cluster.super_before[high - 1] : 0u));
+    const uint32_t own = __reduce_add_sync(kFullMask, (high_above ? s.cluster.super[high] : 0u) +
+                                                          (low_above ? s.cluster.super[high - 1] : 0u));
+    if (lane == 0) {  // refined to the bin below
+      s.cluster.kth_bin = {static_cast<uint32_t>(super), above, 0};
+      s.cluster.above_before = before;
+      s.cluster.own_above = own;
+    }
+  }
+  __syncthreads();
+  const int super = static_cast<int>(s.cluster.kth_bin.bin);
+  if (threadIdx.x < kWarpSize * parts) {  // part q's bin of the super-bin, top first
+    const int q = threadIdx.x / kWarpSize;
+    s.cluster.bins_of_part[q][lane] = cluster.map_shared_rank(s.hist, q)[super * kWarpSize + kWarpSize - 1 - lane];
+  }
+  __syncthreads();
+  if (first_warp) {  // lane l: the super-bin's l-th bin from the top
+    uint32_t in_bin = 0;
+    uint32_t before = 0;
+    for (int q = 0; q < parts; ++q) {
+      const uint32_t count = s.cluster.bins_of_part[q][lane];
+      in_bin += count;
+      before += q < part ? count : 0u;
+    }
+    const uint32_t own = s.cluster.bins_of_part[part][lane];
+    const uint32_t remaining = rank - s.cluster.kth_bin.above;  // in [1, the super-bin's count]
+    const uint32_t above = static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(in_bin))) - in_bin;
+    const int holder = __ffs(__ballot_sync(kFullMask, above < remaining && remaining <= above + in_bin)) - 1;
+    const bool bin_above = lane < holder;
+    const uint32_t before_above = __reduce_add_sync(kFullMask, bin_above ? before : 0u);
+    const uint32_t own_above = __reduce_add_sync(kFullMask, bin_above ? own : 0u);
+    if (lane == holder) {
+      const uint32_t bin = static_cast<uint32_t>(super * kWarpSize + kWarpSize - 1 - lane);
+      s.cluster.kth_bin = {bin, s.cluster.kth_bin.above + above, in_bin};
+      s.cluster.above_before += before_above;
+      s.cluster.own_above += own_above;
+    }
+  }
+  __syncthreads();
+}
+
+// One warp ranks the members of s.cluster.kth_bin in every part (at most a warp's worth):
+// s.cluster gets the k-th key, the last column of it that wins, and how many winning members lie
+// in the parts before this one and in this one. Columns are distinct, so ties order strictly.
+__device__ __forceinline__ void RankClusterBoundary(SharedStorage& s, const cg::cluster_group& cluster, int parts,
+                                                    int part, int k) {
+  const int group = static_cast<int>(s.cluster.kth_bin.count);
+  const int remaining = k - static_cast<int>(s.cluster.kth_bin.above);
+  if (threadIdx.x >= kWarpSize) return;
+  const int lane = threadIdx.x;
+  const int slot = kWarpSize - 1 - static_cast<int>(s.cluster.kth_bin.bin % kWarpSize);  // see FindClusterRank
+  const int count = lane < parts ? static_cast<int>(s.cluster.bins_of_part[lane][slot]) : 0;
+  const int first = WarpInclusiveSum(count) - count;  // lane q: part q's first member
+  int holder = 0;                                     // the part holding member `lane`
+  for (int q = 1; q < parts; ++q) holder = __shfl_sync(kFullMask, first, q) <= lane ? q : holder;
+  const int holder_first = __shfl_sync(kFullMask, first, holder);
+  uint2 member = make_uint2(0, 0);
+  if (lane < group) member = cluster.map_shared_rank(s.cluster.boundary, holder)[lane - holder_first];
+  const uint32_t key = lane < group ? OrderedKeyF32(member.x) : 0u;
+  int greater = 0;
+  int equal = 0;
+  int equal_before = 0;  // members of this key at lower columns
+  for (int other = 0; other < group; ++other) {
+    const uint32_t other_key = __shfl_sync(kFullMask, key, other);
+    const uint32_t other_col = __shfl_sync(kFullMask, member.y, other);
+    greater += other_key > key;
+    equal += other_key == key;
+    equal_before += other_key == key && other_col < member.y;
+  }
+  const bool holds_rank = lane < group && greater < remaining && remaining <= greater + equal;
+  const int kth_lane = __ffs(__ballot_sync(kFullMask, holds_rank)) - 1;  // remaining is in [1, group]
+  const uint32_t kth_key = __shfl_sync(kFullMask, key, kth_lane);
+  const int quota = remaining - __shfl_sync(kFullMask, greater, kth_lane);
+  const bool all_ties_win = quota == __shfl_sync(kFullMask, equal, kth_lane);
+  const bool wins = lane < group && (key > kth_key || (key == kth_key && equal_before < quota));
+  const bool last_tie = lane < group && key == kth_key && equal_before == quota - 1;
+  const uint32_t last_tie_col = __shfl_sync(kFullMask, member.y, __ffs(__ballot_sync(kFullMask, last_tie)) - 1);
+  const uint32_t wins_before = __ballot_sync(kFullMask, wins && holder < part);
+  const uint32_t wins_mine = __ballot_sync(kFullMask, wins && holder == part);
+  if (lane == 0) {
+    s.cluster.kth_key = kth_key;
+    s.cluster.column_limit = all_ties_win ? 0xFFFFFFFFu : last_tie_col;
+    s.cluster.members_before = __popc(wins_before);
+    s.cluster.members_mine = __popc(wins_mine);
+  }
+}
+
+// The row settled: s.cluster.kth_bin, the k-th key's bin over the cluster, holds at most a warp's
+// worth of candidates. Ranks them and writes this part's winners after the earlier parts'.
+__device__ __forceinline__ void FinishSettledRow(SharedStorage& s, const FilteredLaunch& launch,
+                                                 const cg::cluster_group& cluster, int parts, int part, int begin,
+                                                 int end, const CandidateSource& mine, const RelativeBins& bins) {
+  const uint32_t kth_bin = s.cluster.kth_bin.bin;
+  CompactCandidates(
+      mine, &s.cluster.boundary_count, [&](uint32_t bits, int32_t) { return bins(OrderedKeyF32(bits)) == kth_bin; },
+      [&](int position, uint2 c) { s.cluster.boundary[position] = c; });  // position < kWarpSize
+  cluster.sync();  // members published; no part reads another's histogram any more
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) s.hist[BinOf(j)] = 0;
+  RankClusterBoundary(s, cluster, parts, part, launch.problem.k);
+  __syncthreads();
+  cluster.barrier_arrive();  // done reading the other parts' shared memory
+  const Wins wins{s.cluster.kth_key, s.cluster.column_limit};
+  const int m = static_cast<int>(s.cluster.own_above + s.cluster.members_mine);
+  const int first_slot = static_cast<int>(s.cluster.above_before + s.cluster.members_before);
+  const int span = end - begin;
+  const bool by_bitmap = span <= kBitmapColumns;
+  if (by_bitmap) {
+    MarkWinners(s, mine, wins, begin, span);
+  } else {
+    GatherWinners(s, mine, wins);
+  }
+  WriteWinners(s, launch.problem, m, first_slot, begin, span, by_bitmap, false);
+  cluster.barrier_wait();  // no part leaves while another may still read its shared memory
+}
+
+// The part holding merged entry `entry` (s.cluster.part_offset is non-decreasing).
 __device__ __forceinline__ int PartHolding(const SharedStorage& s, uint32_t entry, int parts) {
   int part = 0;
 #pragma unroll
-  for (int step = kMaxParts / 2; step > 0; step /= 2) {
-    if (part + step < parts && s.part_offset[part + step] <= entry) part += step;
+  for (int step = kMaxClusterParts / 2; step > 0; step /= 2) {
+    if (part + step < parts && s.cluster.part_offset[part + step] <= entry) part += step;
   }
   return part;
 }
 
-// The finisher: when the parts' candidates settle the row (none dropped, they fit in shared
-// memory, and at least k of them or the cutoff kept everything), merges them into s.candidates
-// and returns how many. Otherwise returns -1, with attempt = 1 when the primary came up short.
-__device__ __forceinline__ int MergeParts(SharedStorage& s, const FilteredLaunch& launch, int parts, int& attempt) {
-  const int64_t first_item = s.job.row * launch.parts;
-  const int kept = static_cast<int>(threadIdx.x) < parts ? __ldcg(launch.part_kept + first_item + threadIdx.x) : 0;
-  const bool overflow = __syncthreads_or(kept > launch.slice_entries);
-  uint32_t total = 0;
-  const uint32_t offset = BlockExclusiveSum(s.warp_sums, static_cast<uint32_t>(kept), total);
-  if (static_cast<int>(threadIdx.x) < parts) s.part_offset[threadIdx.x] = offset;
-  __syncthreads();
-  const bool primary_short =
-      !overflow && total < static_cast<uint32_t>(launch.problem.k) && !KeepsAll(s.job.cutoffs.primary);
-  attempt = primary_short ? 1 : 0;
-  if (overflow || primary_short || total > kSharedCandidates) return -1;
-  const uint2* part_slices = launch.slices + first_item * launch.slice_entries;
-  for (uint32_t base = 0; base < total; base += kThreadsPerBlock * kMergeBatch) {
-    uint2 entries[kMergeBatch];
+// Part 0 copies the other parts' candidates (all in their shared memory) after its own.
+__device__ __forceinline__ void MergeIntoPartZero(SharedStorage& s, const cg::cluster_group& cluster, int parts) {
+  constexpr int kBatch = 8;  // remote loads a thread has in flight
+  const uint32_t total = s.cluster.total;
+  for (uint32_t base = s.cluster.part_offset[1]; base < total; base += kBatch * kThreadsPerBlock) {
+    uint2 entries[kBatch];
 #pragma unroll
-    for (int j = 0; j < kMergeBatch; ++j) {  // all loads first: they are latency-bound
-      const uint32_t entry = base + threadIdx.x + kThreadsPerBlock * j;
+    for (int i = 0; i < kBatch; ++i) {
+      const uint32_t entry = base + kThreadsPerBlock * i + threadIdx.x;
       if (entry < total) {
-        const int part = PartHolding(s, entry, parts);
-        entries[j] = __ldcg(part_slices + static_cast<int64_t>(part) * launch.slice_entries +
-                            (entry - s.part_offset[part]));
+        const int holder = PartHolding(s, entry, parts);
+        entries[i] = cluster.map_shared_rank(s.candidates, holder)[entry - s.cluster.part_offset[holder]];
       }
     }
 #pragma unroll
-    for (int j = 0; j < kMergeBatch; ++j) {
-      const uint32_t entry = base + threadIdx.x + kThreadsPerBlock * j;
-      if (entry < total) s.candidates[entry] = entries[j];
+    for (int i = 0; i < kBatch; ++i) {
+      const uint32_t entry = base + kThreadsPerBlock * i + threadIdx.x;
+      if (entry < total) s.candidates[entry] = entries[i];
     }
   }
   __syncthreads();
-  return static_cast<int>(total);
 }
 
-// One part of a row; parts == 1: the whole row.
-__device__ __forceinline__ void RunSplitPart(SharedStorage& s, const FilteredLaunch& launch) {
-  StartJob(s, launch.problem, blockIdx.x / launch.parts);
-  const int part = static_cast<int>(blockIdx.x % launch.parts);
-  const int parts = SplitParts(s.job.length, launch.parts);
-  if (part >= parts) return;
+// The job's row by block 0 of the cluster alone (rows of at most kSharedCandidates columns).
+__device__ __forceinline__ void RunRowAlone(SharedStorage& s, const FilteredLaunch& launch) {
   int m = 0;
   if (s.job.length > 0) {
-    // Part boundaries are rounded down to 32 columns so that parts keep the row's alignment.
-    const int64_t length = s.job.length;
-    const int begin = static_cast<int>((length * part / parts) & ~int64_t{31});
-    const int end = part + 1 == parts ? s.job.length : static_cast<int>((length * (part + 1) / parts) & ~int64_t{31});
-    SampleJobCutoffs(s, launch.problem, kRankSlack, begin, end);  // identical in every part
-    int attempt = 0;
-    int kept = -1;
-    if (parts > 1) {
-      const CandidateSink part_sink{0, WorkerSlice(launch), launch.slice_entries};
-      kept = FilterColumns(s, JobScores(s, launch.problem), begin, end, KeepThreshold(s.job.cutoffs.primary),
-                           part_sink);
-      if (!ArriveLast(s, launch, kept, parts)) return;
-      kept = MergeParts(s, launch, parts, attempt);
-    }
-    m = SelectJobRow(s, launch, attempt, kept);
+    SampleJobCutoffs(s, launch.problem, kRankSlack, 0, s.job.length);
+    m = SelectJobRow(s, launch, 0, -1);
   }
   WriteRow(s, launch.problem, m);
-  if (threadIdx.x == 0 && parts > 1) launch.parts_arrived[s.job.row] = 0;  // leave the counters zeroed
+}
+
+// One part of a row's cluster. Every branch below is taken alike by all the cluster's blocks.
+__device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredLaunch& launch) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int parts = static_cast<int>(cluster.num_blocks());
+  const int part = static_cast<int>(cluster.block_rank());
+  const TopkProblem& problem = launch.problem;
+  StartJob(s, problem, blockIdx.x / parts);
+  if (s.job.length <= kSharedCandidates) {  // masked, empty or short: no sample, one block
+    if (part == 0) RunRowAlone(s, launch);
+    return;
+  }
+  const int begin = PartBegin(s.job.length, part, parts);
+  const int end = PartBegin(s.job.length, part + 1, parts);
+  SampleJobCutoffs(s, problem, kRankSlack, begin, end);  // the same cutoffs in every part
+  const float* row = JobScores(s, problem);
+  const CandidateSink sink{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
+  int attempt = 0;
+  uint32_t cutoff;
+  for (;; attempt = 1) {
+    cutoff = attempt == 0 ? s.job.cutoffs.primary : s.job.cutoffs.secondary;
+    const int kept = FilterColumns(s, row, begin, end, KeepThreshold(cutoff), sink);
+    if (threadIdx.x == 0) s.cluster.boundary_count = 0;
+    if (threadIdx.x < kSuperBins) s.cluster.super_sum[threadIdx.x] = s.cluster.super_before[threadIdx.x] = 0;
+    const CandidateSource mine{s.candidates, sink.shared_capacity, sink.global, min(kept, sink.Capacity())};
+    const bool relative = RelativeBins::Apply(cutoff, s.sample_largest);
+    const RelativeBins bins(cutoff, relative ? s.sample_largest : cutoff);
+    if (relative && kept <= sink.Capacity()) {
+      RelativeHistogram(s, mine, bins);
+      PublishSuperBins(s);
+    }
+    cluster.sync();  // kept counts and histograms published
+    TallyCluster(s, cluster, parts, sink.Capacity());
+    const bool short_of_k = !s.cluster.overflow && s.cluster.total < static_cast<uint32_t>(problem.k) &&
+                            !KeepsAll(cutoff);
+    if (relative && !s.cluster.overflow && s.cluster.total >= static_cast<uint32_t>(problem.k) && !problem.sorted) {
+      FindClusterRank(s, cluster, parts, part, static_cast<uint32_t>(problem.k));
+      if (RelativeBins::Settles(s.cluster.kth_bin)) {
+        FinishSettledRow(s, launch, cluster, parts, part, begin, end, mine, bins);
+        return;
+      }
+    }
+    cluster.sync();  // no part reads another's histogram any more
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) s.hist[BinOf(j)] = 0;
+    // Short of k: every part re-reads its columns with the deeper cutoff, once.
+    if (!short_of_k || attempt == 1 || s.job.cutoffs.secondary == s.job.cutoffs.primary) break;
+  }
+  // Not settled by the cluster: part 0 selects over the cluster's candidates, merged into its
+  // shared memory when they fit and certify the row, else over the row by the exact route.
+  const uint32_t total = s.cluster.total;
+  const bool merged = !s.cluster.overflow && total <= kSharedCandidates &&
+                      (total >= static_cast<uint32_t>(problem.k) || KeepsAll(cutoff));
+  if (merged) {
+    if (part == 0) MergeIntoPartZero(s, cluster, parts);
+    cluster.sync();  // no part leaves while part 0 reads its candidates
+  }
+  if (part != 0) return;
+  const int m = merged ? SelectJobRow(s, launch, attempt, static_cast<int>(total)) : SelectJobRow(s, launch, 2, -1);
+  WriteRow(s, problem, m);
 }
 
 // One launch: split mode (kSplit) or a persistent pool of workers taking whole rows from the
@@ -1116,7 +1384,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   for (int bin = threadIdx.x; bin < kDigitBins; bin += kThreadsPerBlock) s.hist[bin] = 0;
   __syncthreads();
   if (kSplit) {
-    RunSplitPart(s, launch);
+    RunClusterPart(s, launch);
     return;
   }
   // Thread 0 claims each row one row ahead of its start (index and length in registers), so
@@ -1164,29 +1432,69 @@ int SmCount(int device) {
   return count;
 }
 
+// The workspace: the queue's counters, then an overflow slice for each block.
 struct WorkspacePlan {
-  int parts = 1;
+  int parts = 1;  // > 1: split mode, a cluster of `parts` blocks a row
   int64_t grid = 0;
-  size_t header_bytes = 0;
   int slice_entries = 0;
-  size_t parts_arrived_offset = 0;
-  size_t part_kept_offset = 0;  // the counters before it need zeros
 };
 
-constexpr size_t kCounterBytes = 16;  // queue_next (8) + workers_done (4), padded
+constexpr size_t kCounterBytes = 16;   // queue_next (8) + workers_done (4), padded
+constexpr size_t kHeaderBytes = 256;   // the counters, padded to the slices' alignment
+static_assert(kHeaderBytes <= kFilteredHeaderBytes, "the header fits the workspace's minimum");
 
 WorkspacePlan PlanWorkspace(int64_t rows, int parts, int pool, size_t workspace_bytes) {
   WorkspacePlan plan;
   plan.parts = parts;
   plan.grid = parts > 1 ? rows * parts : (rows < pool ? rows : pool);
-  plan.parts_arrived_offset = kCounterBytes;
-  plan.part_kept_offset = plan.parts_arrived_offset + (parts > 1 ? rows : 0) * sizeof(unsigned int);
-  const size_t header = plan.part_kept_offset + plan.grid * sizeof(int);
-  plan.header_bytes = (header + 255) / 256 * 256;
-  const size_t free_bytes = workspace_bytes > plan.header_bytes ? workspace_bytes - plan.header_bytes : 0;
+  const size_t free_bytes = workspace_bytes > kHeaderBytes ? workspace_bytes - kHeaderBytes : 0;
   const size_t entries = free_bytes / (plan.grid * sizeof(uint2));
   plan.slice_entries = static_cast<int>(entries < kFilteredSliceEntries ? entries : kFilteredSliceEntries);
   return plan;
+}
+
+// The cluster's launch configuration for `parts` blocks a row.
+cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, size_t shared_bytes, cudaStream_t stream,
+                                 cudaLaunchAttribute& attribute) {
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned int>(parts);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned int>(grid));
+  config.blockDim = dim3(kThreadsPerBlock);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// How many clusters of `parts` blocks the device holds at once (cached; 0: none).
+int ResidentClusters(int device, int parts, size_t shared_bytes) {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices][kMaxClusterParts + 1] = {};  // racing writers store the same value
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable && cached[device][parts] != 0) return cached[device][parts] - 1;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = ClusterConfig(parts, parts, shared_bytes, nullptr, attribute);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, TopkFilteredKernel<true>, &config) != cudaSuccess) {
+    cudaGetLastError();  // a size this device cannot launch: not used
+    clusters = 0;
+  }
+  if (cacheable) cached[device][parts] = clusters + 1;
+  return clusters;
+}
+
+// Split mode's parts a row: the most, up to the row's useful parts, whose clusters for all the
+// rows are resident at once (a second wave would double the launch); 1: none (queue mode).
+int SplitParts(int device, int64_t rows, int64_t useful_parts, size_t shared_bytes) {
+  const int most = static_cast<int>(useful_parts < kMaxClusterParts ? useful_parts : kMaxClusterParts);
+  for (int parts = most; parts > 1; --parts) {
+    if (ResidentClusters(device, parts, shared_bytes) >= rows) return parts;
+  }
+  return 1;
 }
 
 }  // namespace
@@ -1204,41 +1512,44 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   if (status != cudaSuccess) return status;
   const int sm_pool = kBlocksPerSm * SmCount(device);
   const int pool = sm_pool < kMaxPoolBlocks ? sm_pool : kMaxPoolBlocks;
+  const size_t shared_bytes = sizeof(SharedStorage);
+  for (const auto kernel : {TopkFilteredKernel<true>, TopkFilteredKernel<false>}) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(shared_bytes));
+    if (status != cudaSuccess) return status;
+  }
+  status = cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (status != cudaSuccess) return status;
 
-  // Few rows: split each over blocks, if the workspace gives every part a useful slice.
+  // Few rows: a cluster of blocks a row, if the workspace gives every part a useful slice.
   WorkspacePlan plan = PlanWorkspace(problem.rows, 1, pool, workspace_bytes);
   if (problem.rows * 2 <= pool) {
     const int64_t useful_parts = (problem.width + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
-    int64_t parts = pool / problem.rows;
-    if (parts > useful_parts) parts = useful_parts;
-    if (parts > kMaxParts) parts = kMaxParts;
+    const int parts = SplitParts(device, problem.rows, useful_parts, shared_bytes);
     if (parts > 1) {
-      const WorkspacePlan split = PlanWorkspace(problem.rows, static_cast<int>(parts), pool, workspace_bytes);
-      if (split.slice_entries >= kMinSplitSliceEntries && split.header_bytes <= workspace_bytes) plan = split;
+      const WorkspacePlan split = PlanWorkspace(problem.rows, parts, pool, workspace_bytes);
+      if (split.slice_entries >= kMinSplitSliceEntries) plan = split;
     }
   }
-  if (plan.header_bytes > workspace_bytes) return cudaErrorInvalidValue;  // cannot happen: pool <= 480
 
   unsigned char* base = static_cast<unsigned char*>(workspace);
   FilteredLaunch launch;
   launch.problem = problem;
   launch.queue_next = reinterpret_cast<unsigned long long*>(base);
   launch.workers_done = reinterpret_cast<unsigned int*>(base + sizeof(unsigned long long));
-  launch.parts_arrived = reinterpret_cast<unsigned int*>(base + plan.parts_arrived_offset);
-  launch.part_kept = reinterpret_cast<int*>(base + plan.part_kept_offset);
-  launch.slices = reinterpret_cast<uint2*>(base + plan.header_bytes);
+  launch.slices = reinterpret_cast<uint2*>(base + kHeaderBytes);
   launch.slice_entries = plan.slice_entries;
-  launch.parts = plan.parts;
 
-  const size_t shared_bytes = sizeof(SharedStorage);
-  const auto kernel = plan.parts > 1 ? TopkFilteredKernel<true> : TopkFilteredKernel<false>;
-  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(shared_bytes));
+  if (plan.parts > 1) {  // split mode needs no counters
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = ClusterConfig(plan.grid, plan.parts, shared_bytes, stream, attribute);
+    status = cudaLaunchKernelEx(&config, TopkFilteredKernel<true>, launch);
+    return status != cudaSuccess ? status : cudaGetLastError();
+  }
+  // The workspace is an XLA output buffer: garbage on entry. The queue's counters need zeros.
+  status = cudaMemsetAsync(workspace, 0, kCounterBytes, stream);
   if (status != cudaSuccess) return status;
-  // The workspace is an XLA output buffer: garbage on entry. Only the counters need zeros.
-  status = cudaMemsetAsync(workspace, 0, plan.part_kept_offset, stream);
-  if (status != cudaSuccess) return status;
-  kernel<<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes, stream>>>(launch);
+  TopkFilteredKernel<false><<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes, stream>>>(launch);
   return cudaGetLastError();
 }
 

@@ -9,14 +9,15 @@
 
 namespace jax_topk {
 
-// Counters and per-row merge state; the kernel's own header never needs more than this.
+// The queue's counters; the kernel's own header never needs more than this.
 constexpr int64_t kFilteredHeaderBytes = 4096;
 // Worker slots budgeted: at least 2 blocks x the SM count of current GPUs (H200: 2 x 132).
 // A GPU with more workers still runs exactly, with smaller overflow slices.
 constexpr int64_t kFilteredWorkerSlots = 320;
 // Candidates a worker may keep in global memory beyond its shared-memory buffer (8 bytes each).
 constexpr int64_t kFilteredSliceEntries = 8192;
-// A row is split across blocks (KV-split) in parts of at least this many columns.
+// A row is split across a cluster of blocks (KV-split) in parts of at least this many columns
+// (of the width; a shorter row's parts are shorter).
 constexpr int64_t kFilteredSplitPartColumns = 4096;
 
 constexpr size_t FilteredWorkspaceBytes(int64_t rows, int64_t width, int32_t k) {

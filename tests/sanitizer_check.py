@@ -42,6 +42,11 @@ def main():
         # random lengths fall on both sides of the column-bitmap limit (131072 / 262144).
         (jax_topk.topk_filtered, _periodic_rows(rng, 300, 20_000), dict(k=2048)),
         (jax_topk.topk_filtered, rng.standard_normal((4, 262_144), np.float32), dict(k=2048)),
+        # Split rows (a block cluster a row): sample foolers (the parts' secondary re-read) and
+        # coarse ties (a crowded k-th bin: merged into the cluster's first block).
+        (jax_topk.topk_filtered, _periodic_rows(rng, 4, 65_536), dict(k=2048)),
+        (jax_topk.topk_filtered, np.round(rng.standard_normal((4, 70_000), np.float32) * 16) / 16,
+         dict(k=2048)),
     ]
     for fn, scores, kwargs in cases:
         rows, n = scores.shape

@@ -182,3 +182,25 @@ def test_filtered_whole_rows_with_masked_rows():
     for valid in (137, 0, 300):
         out = assert_same_on_both("topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid))
         assert (out[max(valid, 0):] == -1).all()
+
+
+def test_filtered_split_rows_of_every_family():
+    """Few rows (a block cluster a row) of every value family and random lengths, both orders:
+    rows the cluster settles, rows merged into its first block, rows done whole there."""
+    rng = np.random.default_rng(54)
+    for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
+        scores = _families.make(family, rng, (6, 100_003), "float32")
+        lengths = rng.integers(-2, 100_006, size=6).astype(np.int32)
+        lengths[:2] = 100_003
+        for sorted_ in (False, True):
+            assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
+
+
+def test_filtered_split_parts_past_the_bitmap():
+    """Split rows whose parts are wider than the bitmap's 262144 columns: the parts gather and
+    sort their winners instead (a normal row, and one of coarse ties)."""
+    rng = np.random.default_rng(55)
+    n = 16 * 262144 + 1000
+    scores = rng.standard_normal((2, n)).astype(np.float32)
+    scores[1] = np.round(scores[1] * 64) / 64
+    assert_same_on_both("topk_filtered", scores, np.full(2, n, np.int32), k=2048)
