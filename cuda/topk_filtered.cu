@@ -34,7 +34,7 @@ constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kBlocksPerSm = 2;
-constexpr int kMaxPoolBlocks = 480;  // the queue's pool at most (the slices shrink past kFilteredWorkerSlots)
+constexpr int kMaxPoolBlocks = 480;  // a bound on the queue's pool (its slices shrink past kFilteredWorkerSlots)
 
 // Rows are read in 16-byte chunks; chunk c of thread t in a tile starts at column
 // 4 * (t + kThreadsPerBlock * c), so each warp load covers 512 contiguous bytes. A thread keeps
@@ -67,8 +67,8 @@ constexpr int kSampleLinesPerWarp = kSampleLines / kWarpsPerBlock;
 constexpr int kMinSampleStride = 8;
 // Measured (benches/NOTES.md): 1 x k plus 32 ranks beats 2 x k plus 8 by 4-12 %; the slack
 // keeps the primary's under-fill (and its secondary re-read) rare. A whole row by one block
-// re-reads only its own row when short, so it takes less slack (filtered step 6: 24 ranks, ~1 %
-// faster); a split row's under-fill makes one block re-read the whole row, so it keeps 32.
+// takes less slack (filtered step 6: 24 ranks, ~1 % faster); a split row keeps 32 (24 made
+// 32 x 32768 10 % slower: one under-filled row makes every part of its cluster re-read).
 constexpr int kRetention = 1;
 constexpr int kRankSlack = 32;
 constexpr int kWholeRowRankSlack = 24;
@@ -94,7 +94,8 @@ static_assert(kSortItemsPerThread * kThreadsPerBlock == kMaxK, "sort covers kMax
 // non-portable cluster size; the launch takes the largest whose clusters are all resident at once).
 // The parts' histograms are added up in two steps: super-bins of a warp's worth of adjacent bins,
 // then the bins of the one super-bin that holds the rank.
-constexpr int kMaxClusterParts = 16;
+constexpr int kMaxClusterParts = static_cast<int>(kFilteredMaxSplitParts);
+constexpr int kPortableClusterParts = 8;
 constexpr int kSuperBins = kDigitBins / kWarpSize;
 constexpr int kMinSplitSliceEntries = 1024;  // below this a split part would overflow too often
 
@@ -266,7 +267,7 @@ struct RowSource {
 };
 
 // `count` kept candidates: the first `shared_capacity` in shared memory, the rest in a global
-// slice (written by this block, or by other blocks before a fence).
+// slice (written by this block).
 struct CandidateSource {
   static constexpr bool kRepeats = false;  // at most Capacity() of them
   const uint2* shared;
@@ -665,7 +666,7 @@ struct RelativeBins {
     shift = quotient == 0 ? 0 : 32 - __clz(quotient);          // below the last bin
   }
   // Whether bins relative to cutoff can settle a rank (else the radix digits do).
-  __device__ __forceinline__ static bool Apply(uint32_t cutoff_key, uint32_t largest) {
+  __device__ __forceinline__ static bool Usable(uint32_t cutoff_key, uint32_t largest) {
     return cutoff_key != 0 && largest > cutoff_key;
   }
   __device__ __forceinline__ uint32_t operator()(uint32_t key) const {
@@ -695,7 +696,7 @@ __device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const Candid
 // sample, only the work does).
 __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s, const CandidateSource& source,
                                                             int rank, uint32_t cutoff, uint32_t largest) {
-  if (!RelativeBins::Apply(cutoff, largest)) return FindRankValue(s, source, KeyOfValue{}, rank);
+  if (!RelativeBins::Usable(cutoff, largest)) return FindRankValue(s, source, KeyOfValue{}, rank);
   const RelativeBins relative_bin(cutoff, largest);
   RelativeHistogram(s, source, relative_bin);
   const BinSearch first = FindBins(s, rank, 0);
@@ -889,11 +890,6 @@ __device__ __forceinline__ void PublishJob(SharedStorage& s, int64_t row, int le
   s.sample_largest = 0;
 }
 
-// Starts a row of a split launch.
-__device__ __forceinline__ void StartJob(SharedStorage& s, const TopkProblem& problem, int64_t row) {
-  if (threadIdx.x == 0) PublishJob(s, row, RowLength(problem, row));
-  __syncthreads();
-}
 
 __device__ __forceinline__ const float* JobScores(const SharedStorage& s, const TopkProblem& problem) {
   return static_cast<const float*>(problem.scores) + s.job.row * problem.width;
@@ -916,7 +912,7 @@ __device__ __forceinline__ bool OrdersByBitmap(const SharedStorage& s, const Top
 // Selects the job's row (see SelectTopK), trying in turn the primary cutoff, the secondary and the
 // exact route over the row. Kept candidates go to shared memory, then to the slice. `attempt` is
 // the first cutoff to try (1: the primary is known short); kept >= 0 says its candidates are in
-// s.candidates already (merged by a split finisher).
+// s.candidates already (merged there by a split row's cluster; attempt 2: the exact route).
 __device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaunch& launch, int attempt, int kept) {
   const int k = launch.problem.k;
   const float* row = JobScores(s, launch.problem);
@@ -1068,13 +1064,28 @@ __device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaun
 }
 
 // ---------------------------------------------------------------------------------------------
+// Thread block clusters need sm_90: for older targets the split kernel compiles empty and the
+// host never launches it there (MaxSplitParts).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define JAX_TOPK_HAS_CLUSTERS 1
+#else
+#define JAX_TOPK_HAS_CLUSTERS 0
+#endif
+#if JAX_TOPK_HAS_CLUSTERS
+
 // Split mode: a row per thread block cluster; part p of its blocks filters columns [begin_p, end_p)
 // into its own sink. The parts add up their candidates' relative-bin histograms through
 // distributed shared memory, one warp in each ranks the few candidates of the k-th key's bin, and
 // every part writes its own winners, in column order, after the winners of the parts before it.
 // An underfilled primary is retried by every part with the secondary cutoff. A row this does not
 // settle (a crowded k-th bin, sorted results, cutoffs that keep everything) is merged into part 0
-// when its candidates fit there, else done whole by part 0 by the exact route.
+// when its candidates fit there, else done whole by part 0 (re-filtered, or the exact route).
+
+// Starts a row of a split launch.
+__device__ __forceinline__ void StartJob(SharedStorage& s, const TopkProblem& problem, int64_t row) {
+  if (threadIdx.x == 0) PublishJob(s, row, RowLength(problem, row));
+  __syncthreads();
+}
 
 // The first column of `part` (parts: the row's end); rounded down to 32 columns (bitmap words).
 __device__ __forceinline__ int PartBegin(int64_t length, int part, int parts) {
@@ -1157,7 +1168,7 @@ __device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::clus
                                                              (low_above ? s.cluster.super_before[high - 1] : 0u));
     const uint32_t own = __reduce_add_sync(kFullMask, (high_above ? s.cluster.super[high] : 0u) +
                                                           (low_above ? s.cluster.super[high - 1] : 0u));
-    if (lane == 0) {  // refined to the bin below
+    if (lane == 0) {  // kth_bin holds the super-bin until the bin is found below
       s.cluster.kth_bin = {static_cast<uint32_t>(super), above, 0};
       s.cluster.above_before = before;
       s.cluster.own_above = own;
@@ -1303,7 +1314,8 @@ __device__ __forceinline__ void MergeIntoPartZero(SharedStorage& s, const cg::cl
   __syncthreads();
 }
 
-// The job's row by block 0 of the cluster alone (rows of at most kSharedCandidates columns).
+// The job's row by block 0 of the cluster alone (rows of at most kSharedCandidates columns: they
+// take no sample, the cutoffs keep everything).
 __device__ __forceinline__ void RunRowAlone(SharedStorage& s, const FilteredLaunch& launch) {
   int m = 0;
   if (s.job.length > 0) {
@@ -1313,7 +1325,9 @@ __device__ __forceinline__ void RunRowAlone(SharedStorage& s, const FilteredLaun
   WriteRow(s, launch.problem, m);
 }
 
-// One part of a row's cluster. Every branch below is taken alike by all the cluster's blocks.
+// One part of a row's cluster. Every branch around a cluster barrier is taken alike by all the
+// cluster's blocks: it depends only on the row, the sample (the same in every part) and tallies
+// over the whole cluster.
 __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredLaunch& launch) {
   const cg::cluster_group cluster = cg::this_cluster();
   const int parts = static_cast<int>(cluster.num_blocks());
@@ -1331,13 +1345,15 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
   const CandidateSink sink{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
   int attempt = 0;
   uint32_t cutoff;
+  bool short_of_k;
   for (;; attempt = 1) {
     cutoff = attempt == 0 ? s.job.cutoffs.primary : s.job.cutoffs.secondary;
     const int kept = FilterColumns(s, row, begin, end, KeepThreshold(cutoff), sink);
     if (threadIdx.x == 0) s.cluster.boundary_count = 0;
     if (threadIdx.x < kSuperBins) s.cluster.super_sum[threadIdx.x] = s.cluster.super_before[threadIdx.x] = 0;
     const CandidateSource mine{s.candidates, sink.shared_capacity, sink.global, min(kept, sink.Capacity())};
-    const bool relative = RelativeBins::Apply(cutoff, s.sample_largest);
+    // Sorted results are ordered by key over the whole row: part 0 does that (below).
+    const bool relative = !problem.sorted && RelativeBins::Usable(cutoff, s.sample_largest);
     const RelativeBins bins(cutoff, relative ? s.sample_largest : cutoff);
     if (relative && kept <= sink.Capacity()) {
       RelativeHistogram(s, mine, bins);
@@ -1345,9 +1361,8 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     }
     cluster.sync();  // kept counts and histograms published
     TallyCluster(s, cluster, parts, sink.Capacity());
-    const bool short_of_k = !s.cluster.overflow && s.cluster.total < static_cast<uint32_t>(problem.k) &&
-                            !KeepsAll(cutoff);
-    if (relative && !s.cluster.overflow && s.cluster.total >= static_cast<uint32_t>(problem.k) && !problem.sorted) {
+    short_of_k = !s.cluster.overflow && s.cluster.total < static_cast<uint32_t>(problem.k) && !KeepsAll(cutoff);
+    if (relative && !s.cluster.overflow && s.cluster.total >= static_cast<uint32_t>(problem.k)) {
       FindClusterRank(s, cluster, parts, part, static_cast<uint32_t>(problem.k));
       if (RelativeBins::Settles(s.cluster.kth_bin)) {
         FinishSettledRow(s, launch, cluster, parts, part, begin, end, mine, bins);
@@ -1357,11 +1372,14 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     cluster.sync();  // no part reads another's histogram any more
 #pragma unroll
     for (int j = 0; j < kBinsPerThread; ++j) s.hist[BinOf(j)] = 0;
+    __syncthreads();  // the histogram is zero before its next use
     // Short of k: every part re-reads its columns with the deeper cutoff, once.
     if (!short_of_k || attempt == 1 || s.job.cutoffs.secondary == s.job.cutoffs.primary) break;
   }
   // Not settled by the cluster: part 0 selects over the cluster's candidates, merged into its
-  // shared memory when they fit and certify the row, else over the row by the exact route.
+  // shared memory when they fit and certify the row; else it re-reads the row with the same
+  // cutoff (its own sink holds twice what fits in shared memory), or, short of k or when a part
+  // overflowed, takes the exact route.
   const uint32_t total = s.cluster.total;
   const bool merged = !s.cluster.overflow && total <= kSharedCandidates &&
                       (total >= static_cast<uint32_t>(problem.k) || KeepsAll(cutoff));
@@ -1370,9 +1388,16 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     cluster.sync();  // no part leaves while part 0 reads its candidates
   }
   if (part != 0) return;
-  const int m = merged ? SelectJobRow(s, launch, attempt, static_cast<int>(total)) : SelectJobRow(s, launch, 2, -1);
+  int m;
+  if (merged) {
+    m = SelectJobRow(s, launch, attempt, static_cast<int>(total));
+  } else {
+    m = SelectJobRow(s, launch, s.cluster.overflow || short_of_k ? 2 : attempt, -1);
+  }
   WriteRow(s, problem, m);
 }
+
+#endif  // JAX_TOPK_HAS_CLUSTERS
 
 // One launch: split mode (kSplit) or a persistent pool of workers taking whole rows from the
 // queue in completion order.
@@ -1384,7 +1409,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   for (int bin = threadIdx.x; bin < kDigitBins; bin += kThreadsPerBlock) s.hist[bin] = 0;
   __syncthreads();
   if (kSplit) {
+#if JAX_TOPK_HAS_CLUSTERS
     RunClusterPart(s, launch);
+#endif
     return;
   }
   // Thread 0 claims each row one row ahead of its start (index and length in registers), so
@@ -1487,10 +1514,32 @@ int ResidentClusters(int device, int parts, size_t shared_bytes) {
   return clusters;
 }
 
+// The most parts a split row may have on `device`: 1 (no split mode) before sm_90, whose thread
+// block clusters it needs; the portable cluster size where the non-portable one is refused.
+int MaxSplitParts(int device) {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // racing writers store the same value
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable && cached[device] != 0) return cached[device];
+  int major = 0;
+  int most = 1;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9) {
+    most = kMaxClusterParts;
+    if (cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+        cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it so that the launch does not report it
+      most = kPortableClusterParts;
+    }
+  }
+  if (cacheable) cached[device] = most;
+  return most;
+}
+
 // Split mode's parts a row: the most, up to the row's useful parts, whose clusters for all the
 // rows are resident at once (a second wave would double the launch); 1: none (queue mode).
 int SplitParts(int device, int64_t rows, int64_t useful_parts, size_t shared_bytes) {
-  const int most = static_cast<int>(useful_parts < kMaxClusterParts ? useful_parts : kMaxClusterParts);
+  const int limit = MaxSplitParts(device);
+  const int most = static_cast<int>(useful_parts < limit ? useful_parts : limit);
   for (int parts = most; parts > 1; --parts) {
     if (ResidentClusters(device, parts, shared_bytes) >= rows) return parts;
   }
@@ -1518,12 +1567,11 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
                                   static_cast<int>(shared_bytes));
     if (status != cudaSuccess) return status;
   }
-  status = cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (status != cudaSuccess) return status;
 
-  // Few rows: a cluster of blocks a row, if the workspace gives every part a useful slice.
+  // Few rows: a cluster of blocks a row, if the workspace gives every part a useful slice (rows
+  // of at most kSharedCandidates columns are done by one block either way).
   WorkspacePlan plan = PlanWorkspace(problem.rows, 1, pool, workspace_bytes);
-  if (problem.rows * 2 <= pool) {
+  if (problem.rows * 2 <= pool && problem.width > kSharedCandidates) {
     const int64_t useful_parts = (problem.width + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
     const int parts = SplitParts(device, problem.rows, useful_parts, shared_bytes);
     if (parts > 1) {

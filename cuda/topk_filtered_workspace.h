@@ -17,14 +17,16 @@ constexpr int64_t kFilteredWorkerSlots = 320;
 // Candidates a worker may keep in global memory beyond its shared-memory buffer (8 bytes each).
 constexpr int64_t kFilteredSliceEntries = 8192;
 // A row is split across a cluster of blocks (KV-split) in parts of at least this many columns
-// (of the width; a shorter row's parts are shorter).
+// (of the width; a shorter row's parts are shorter), and in at most kFilteredMaxSplitParts.
 constexpr int64_t kFilteredSplitPartColumns = 4096;
+constexpr int64_t kFilteredMaxSplitParts = 16;
 
 constexpr size_t FilteredWorkspaceBytes(int64_t rows, int64_t width, int32_t k) {
   static_cast<void>(k);  // the slices are sized for kMaxK; smaller k only fills them less
   if (rows <= 0 || width <= 0) return static_cast<size_t>(kFilteredHeaderBytes);
   const int64_t slice_entries = width < kFilteredSliceEntries ? width : kFilteredSliceEntries;
-  const int64_t parts_per_row = (width + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
+  const int64_t useful_parts = (width + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
+  const int64_t parts_per_row = useful_parts < kFilteredMaxSplitParts ? useful_parts : kFilteredMaxSplitParts;
   // rows * parts_per_row bounds the blocks any launch can use (compared by division: no overflow).
   const int64_t workers = rows > kFilteredWorkerSlots / parts_per_row ? kFilteredWorkerSlots
                                                                        : rows * parts_per_row;
