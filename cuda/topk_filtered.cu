@@ -130,7 +130,7 @@ struct SharedStorage {
     } selected;  // the winners, in no particular order
     ColumnSort::TempStorage column_sort;
     RankSort::TempStorage rank_sort;
-    uint32_t bitmap[kBitmapColumns / 32];  // the winners' columns (unsorted results of short rows)
+    uint32_t bitmap[kBitmapColumns / 32];  // the winners' columns (unsorted rows or split parts)
   } work;
   uint32_t hist[kDigitBins];  // all zero between uses
   uint32_t warp_sums[kWarpsPerBlock];  // BlockExclusiveSum's per-warp totals
