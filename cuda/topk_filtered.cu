@@ -681,6 +681,33 @@ struct RelativeBins {
   static constexpr uint32_t kLastBin = kDigitBins - 1;
 };
 
+// Lane l of a warp holds member l (key, col) of a group of `group` <= 32 members: how many members
+// have a greater key, an equal key and (kColumns) an equal key at a lower column.
+struct WarpRank {
+  int greater;
+  int equal;
+  int equal_before;
+};
+template <bool kColumns>
+__device__ __forceinline__ WarpRank RankInWarp(uint32_t key, uint32_t col, int group) {
+  int greater = 0;
+  int equal = 0;
+  int equal_before = 0;
+  for (int other = 0; other < group; ++other) {
+    const uint32_t other_key = __shfl_sync(kFullMask, key, other);
+    if constexpr (kColumns) {  // both branches spelled out: this order compiles to the measured code
+      const uint32_t other_col = __shfl_sync(kFullMask, col, other);
+      greater += other_key > key;
+      equal += other_key == key;
+      equal_before += other_key == key && other_col < col;
+    } else {
+      greater += other_key > key;
+      equal += other_key == key;
+    }
+  }
+  return {greater, equal, equal_before};
+}
+
 // Adds this block's candidates to s.hist in relative bins; a barrier follows.
 __device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const CandidateSource& source,
                                                   const RelativeBins& bins) {
@@ -711,16 +738,10 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s, co
   if (threadIdx.x < kWarpSize) {  // each member counts the members above it and equal to it
     const int lane = threadIdx.x;
     const uint32_t key = lane < group ? s.work.frontier[lane] : 0u;
-    int greater = 0;
-    int equal = 0;
-    for (int other = 0; other < group; ++other) {
-      const uint32_t other_key = __shfl_sync(kFullMask, key, other);
-      greater += other_key > key;
-      equal += other_key == key;
-    }
-    const bool holds_rank = lane < group && greater < remaining && remaining <= greater + equal;
+    const WarpRank r = RankInWarp<false>(key, 0, group);
+    const bool holds_rank = lane < group && r.greater < remaining && remaining <= r.greater + r.equal;
     if (lane == __ffs(__ballot_sync(kFullMask, holds_rank)) - 1) {
-      s.found[0] = {key, static_cast<uint32_t>(remaining - greater), static_cast<uint32_t>(equal)};
+      s.found[0] = {key, static_cast<uint32_t>(remaining - r.greater), static_cast<uint32_t>(r.equal)};
     }
   }
   __syncthreads();
@@ -1043,6 +1064,21 @@ __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& pr
   WriteWinners(s, problem, m, 0, 0, s.job.length, OrdersByBitmap(s, problem), true);
 }
 
+// The job's row by this block alone; while_selecting() runs after the sample (and for an empty row).
+template <class WhileSelecting>
+__device__ __forceinline__ void RunJobRow(SharedStorage& s, const FilteredLaunch& launch, int rank_slack,
+                                          const WhileSelecting& while_selecting) {
+  int m = 0;
+  if (s.job.length > 0) {
+    SampleJobCutoffs(s, launch.problem, rank_slack, 0, s.job.length);
+    while_selecting();
+    m = SelectJobRow(s, launch, 0, -1);
+  } else {
+    while_selecting();
+  }
+  WriteRow(s, launch.problem, m);
+}
+
 // A whole row by one block. Thread 0 holds `claimed`, the worker's next row, claimed at the
 // row's start; it reads that row's length into `claimed_length` once the claim has returned.
 __device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaunch& launch,
@@ -1052,15 +1088,7 @@ __device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaun
     const bool real = claimed < static_cast<unsigned long long>(launch.problem.rows);
     claimed_length = real ? RowLength(launch.problem, static_cast<int64_t>(claimed)) : -1;
   };
-  int m = 0;
-  if (s.job.length > 0) {
-    SampleJobCutoffs(s, launch.problem, kWholeRowRankSlack, 0, s.job.length);
-    read_claimed_length();  // used after this row: its latency hides behind the pass
-    m = SelectJobRow(s, launch, 0, -1);
-  } else {
-    read_claimed_length();
-  }
-  WriteRow(s, launch.problem, m);
+  RunJobRow(s, launch, kWholeRowRankSlack, read_claimed_length);  // its latency hides behind the pass
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1080,6 +1108,12 @@ __device__ __forceinline__ void RunWholeRow(SharedStorage& s, const FilteredLaun
 // An underfilled primary is retried by every part with the secondary cutoff. A row this does not
 // settle (a crowded k-th bin, sorted results, cutoffs that keep everything) is merged into part 0
 // when its candidates fit there, else done whole by part 0 (re-filtered, or the exact route).
+
+// Zeroes s.hist (each thread its BinOf bins).
+__device__ __forceinline__ void ClearHistogram(SharedStorage& s) {
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) s.hist[BinOf(j)] = 0;
+}
 
 // Starts a row of a split launch.
 __device__ __forceinline__ void StartJob(SharedStorage& s, const TopkProblem& problem, int64_t row) {
@@ -1224,21 +1258,13 @@ __device__ __forceinline__ void RankClusterBoundary(SharedStorage& s, const cg::
   uint2 member = make_uint2(0, 0);
   if (lane < group) member = cluster.map_shared_rank(s.cluster.boundary, holder)[lane - holder_first];
   const uint32_t key = lane < group ? OrderedKeyF32(member.x) : 0u;
-  int greater = 0;
-  int equal = 0;
-  int equal_before = 0;  // members of this key at lower columns
-  for (int other = 0; other < group; ++other) {
-    const uint32_t other_key = __shfl_sync(kFullMask, key, other);
-    const uint32_t other_col = __shfl_sync(kFullMask, member.y, other);
-    greater += other_key > key;
-    equal += other_key == key;
-    equal_before += other_key == key && other_col < member.y;
-  }
-  const bool holds_rank = lane < group && greater < remaining && remaining <= greater + equal;
+  const WarpRank r = RankInWarp<true>(key, member.y, group);
+  const int equal_before = r.equal_before;  // members of this key at lower columns
+  const bool holds_rank = lane < group && r.greater < remaining && remaining <= r.greater + r.equal;
   const int kth_lane = __ffs(__ballot_sync(kFullMask, holds_rank)) - 1;  // remaining is in [1, group]
   const uint32_t kth_key = __shfl_sync(kFullMask, key, kth_lane);
-  const int quota = remaining - __shfl_sync(kFullMask, greater, kth_lane);
-  const bool all_ties_win = quota == __shfl_sync(kFullMask, equal, kth_lane);
+  const int quota = remaining - __shfl_sync(kFullMask, r.greater, kth_lane);
+  const bool all_ties_win = quota == __shfl_sync(kFullMask, r.equal, kth_lane);
   const bool wins = lane < group && (key > kth_key || (key == kth_key && equal_before < quota));
   const bool last_tie = lane < group && key == kth_key && equal_before == quota - 1;
   const uint32_t last_tie_col = __shfl_sync(kFullMask, member.y, __ffs(__ballot_sync(kFullMask, last_tie)) - 1);
@@ -1262,8 +1288,7 @@ __device__ __forceinline__ void FinishSettledRow(SharedStorage& s, const Filtere
       mine, &s.cluster.boundary_count, [&](uint32_t bits, int32_t) { return bins(OrderedKeyF32(bits)) == kth_bin; },
       [&](int position, uint2 c) { s.cluster.boundary[position] = c; });  // position < kWarpSize
   cluster.sync();  // members published; no part reads another's histogram any more
-#pragma unroll
-  for (int j = 0; j < kBinsPerThread; ++j) s.hist[BinOf(j)] = 0;
+  ClearHistogram(s);
   RankClusterBoundary(s, cluster, parts, part, launch.problem.k);
   __syncthreads();
   cluster.barrier_arrive();  // done reading the other parts' shared memory
@@ -1317,12 +1342,7 @@ __device__ __forceinline__ void MergeIntoPartZero(SharedStorage& s, const cg::cl
 // The job's row by block 0 of the cluster alone (rows of at most kSharedCandidates columns: they
 // take no sample, the cutoffs keep everything).
 __device__ __forceinline__ void RunRowAlone(SharedStorage& s, const FilteredLaunch& launch) {
-  int m = 0;
-  if (s.job.length > 0) {
-    SampleJobCutoffs(s, launch.problem, kRankSlack, 0, s.job.length);
-    m = SelectJobRow(s, launch, 0, -1);
-  }
-  WriteRow(s, launch.problem, m);
+  RunJobRow(s, launch, kRankSlack, [] {});
 }
 
 // One part of a row's cluster. Every branch around a cluster barrier is taken alike by all the
@@ -1370,8 +1390,7 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
       }
     }
     cluster.sync();  // no part reads another's histogram any more
-#pragma unroll
-    for (int j = 0; j < kBinsPerThread; ++j) s.hist[BinOf(j)] = 0;
+  ClearHistogram(s);
     __syncthreads();  // the histogram is zero before its next use
     // Short of k: every part re-reads its columns with the deeper cutoff, once.
     if (!short_of_k || attempt == 1 || s.job.cutoffs.secondary == s.job.cutoffs.primary) break;
@@ -1444,19 +1463,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
+constexpr int kMaxCachedDevices = 64;
+
+// compute() (>= 0) for `device`, computed once per device: cache[device] holds it plus one, so
+// that 0 means not yet known. Racing writers store the same value.
+template <class Compute>
+int CachedPerDevice(int (&cache)[kMaxCachedDevices], int device, const Compute& compute) {
+  if (device < 0 || device >= kMaxCachedDevices) return compute();
+  if (cache[device] == 0) cache[device] = compute() + 1;
+  return cache[device] - 1;
+}
+
 int SmCount(int device) {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // racing writers store the same value
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  int count = cacheable ? cached[device] : 0;
-  if (count == 0) {
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        count <= 0) {
+  static int cache[kMaxCachedDevices] = {};
+  return CachedPerDevice(cache, device, [&] {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0) {
       count = 1;  // still exact: a pool of kBlocksPerSm workers
     }
-    if (cacheable) cached[device] = count;
-  }
-  return count;
+    return count;
+  });
 }
 
 // The workspace: the queue's counters, then an overflow slice for each block.
@@ -1466,15 +1492,14 @@ struct WorkspacePlan {
   int slice_entries = 0;
 };
 
-constexpr size_t kCounterBytes = 16;   // queue_next (8) + workers_done (4), padded
-constexpr size_t kHeaderBytes = 256;   // the counters, padded to the slices' alignment
-static_assert(kHeaderBytes <= kFilteredHeaderBytes, "the header fits the workspace's minimum");
+constexpr size_t kCounterBytes = 16;  // queue_next (8) + workers_done (4), padded; the slices start
+                                      // at kFilteredHeaderBytes
 
 WorkspacePlan PlanWorkspace(int64_t rows, int parts, int pool, size_t workspace_bytes) {
   WorkspacePlan plan;
   plan.parts = parts;
   plan.grid = parts > 1 ? rows * parts : (rows < pool ? rows : pool);
-  const size_t free_bytes = workspace_bytes > kHeaderBytes ? workspace_bytes - kHeaderBytes : 0;
+  const size_t free_bytes = workspace_bytes > kFilteredHeaderBytes ? workspace_bytes - kFilteredHeaderBytes : 0;
   const size_t entries = free_bytes / (plan.grid * sizeof(uint2));
   plan.slice_entries = static_cast<int>(entries < kFilteredSliceEntries ? entries : kFilteredSliceEntries);
   return plan;
@@ -1498,50 +1523,45 @@ cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, size_t shared_bytes, c
 }
 
 // How many clusters of `parts` blocks the device holds at once (cached; 0: none).
-int ResidentClusters(int device, int parts, size_t shared_bytes) {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices][kMaxClusterParts + 1] = {};  // racing writers store the same value
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable && cached[device][parts] != 0) return cached[device][parts] - 1;
-  cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config = ClusterConfig(parts, parts, shared_bytes, nullptr, attribute);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, TopkFilteredKernel<true>, &config) != cudaSuccess) {
-    cudaGetLastError();  // a size this device cannot launch: not used
-    clusters = 0;
-  }
-  if (cacheable) cached[device][parts] = clusters + 1;
-  return clusters;
+int ResidentClusters(int device, int parts) {
+  static int cache[kMaxClusterParts + 1][kMaxCachedDevices] = {};
+  return CachedPerDevice(cache[parts], device, [&] {
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = ClusterConfig(parts, parts, sizeof(SharedStorage), nullptr, attribute);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, TopkFilteredKernel<true>, &config) != cudaSuccess) {
+      cudaGetLastError();  // a size this device cannot launch: not used
+      clusters = 0;
+    }
+    return clusters;
+  });
 }
 
 // The most parts a split row may have on `device`: 1 (no split mode) before sm_90, whose thread
 // block clusters it needs; the portable cluster size where the non-portable one is refused.
 int MaxSplitParts(int device) {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // racing writers store the same value
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable && cached[device] != 0) return cached[device];
-  int major = 0;
-  int most = 1;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9) {
-    most = kMaxClusterParts;
+  static int cache[kMaxCachedDevices] = {};
+  return CachedPerDevice(cache, device, [&] {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
+      return 1;
+    }
     if (cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
         cudaSuccess) {
       cudaGetLastError();  // not sticky: clear it so that the launch does not report it
-      most = kPortableClusterParts;
+      return kPortableClusterParts;
     }
-  }
-  if (cacheable) cached[device] = most;
-  return most;
+    return kMaxClusterParts;
+  });
 }
 
 // Split mode's parts a row: the most, up to the row's useful parts, whose clusters for all the
 // rows are resident at once (a second wave would double the launch); 1: none (queue mode).
-int SplitParts(int device, int64_t rows, int64_t useful_parts, size_t shared_bytes) {
+int SplitParts(int device, int64_t rows, int64_t useful_parts) {
   const int limit = MaxSplitParts(device);
   const int most = static_cast<int>(useful_parts < limit ? useful_parts : limit);
   for (int parts = most; parts > 1; --parts) {
-    if (ResidentClusters(device, parts, shared_bytes) >= rows) return parts;
+    if (ResidentClusters(device, parts) >= rows) return parts;
   }
   return 1;
 }
@@ -1572,8 +1592,7 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   // of at most kSharedCandidates columns are done by one block either way).
   WorkspacePlan plan = PlanWorkspace(problem.rows, 1, pool, workspace_bytes);
   if (problem.rows * 2 <= pool && problem.width > kSharedCandidates) {
-    const int64_t useful_parts = (problem.width + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
-    const int parts = SplitParts(device, problem.rows, useful_parts, shared_bytes);
+    const int parts = SplitParts(device, problem.rows, FilteredUsefulParts(problem.width));
     if (parts > 1) {
       const WorkspacePlan split = PlanWorkspace(problem.rows, parts, pool, workspace_bytes);
       if (split.slice_entries >= kMinSplitSliceEntries) plan = split;
@@ -1585,7 +1604,7 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   launch.problem = problem;
   launch.queue_next = reinterpret_cast<unsigned long long*>(base);
   launch.workers_done = reinterpret_cast<unsigned int*>(base + sizeof(unsigned long long));
-  launch.slices = reinterpret_cast<uint2*>(base + kHeaderBytes);
+  launch.slices = reinterpret_cast<uint2*>(base + kFilteredHeaderBytes);
   launch.slice_entries = plan.slice_entries;
 
   if (plan.parts > 1) {  // split mode needs no counters

@@ -21,11 +21,16 @@ constexpr int64_t kFilteredSliceEntries = 8192;
 constexpr int64_t kFilteredSplitPartColumns = 4096;
 constexpr int64_t kFilteredMaxSplitParts = 16;
 
+// The parts a row of `width` columns could use (before the kFilteredMaxSplitParts cap).
+constexpr int64_t FilteredUsefulParts(int64_t width) {
+  return (width + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
+}
+
 constexpr size_t FilteredWorkspaceBytes(int64_t rows, int64_t width, int32_t k) {
   static_cast<void>(k);  // the slices are sized for kMaxK; smaller k only fills them less
   if (rows <= 0 || width <= 0) return static_cast<size_t>(kFilteredHeaderBytes);
   const int64_t slice_entries = width < kFilteredSliceEntries ? width : kFilteredSliceEntries;
-  const int64_t useful_parts = (width + kFilteredSplitPartColumns - 1) / kFilteredSplitPartColumns;
+  const int64_t useful_parts = FilteredUsefulParts(width);
   const int64_t parts_per_row = useful_parts < kFilteredMaxSplitParts ? useful_parts : kFilteredMaxSplitParts;
   // rows * parts_per_row bounds the blocks any launch can use (compared by division: no overflow).
   const int64_t workers = rows > kFilteredWorkerSlots / parts_per_row ? kFilteredWorkerSlots

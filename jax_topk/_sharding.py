@@ -41,12 +41,16 @@ def _row_axes(mesh, arg_shapes):
     return axes if rows > 0 and rows % shards == 0 else None
 
 
+def _page_table_per_row(params):
+    """Whether the page table has a row per score row (else table_rows picks its rows)."""
+    return params["has_page_table"] and not params["has_table_rows"]
+
+
 def _shardings(params, mesh, axes):
     rows = PartitionSpec(axes)
     rows_2d = PartitionSpec(axes, None)
     replicated = PartitionSpec()
-    per_row_table = params["has_page_table"] and not params["has_table_rows"]
-    specs = (rows_2d, rows, rows_2d if per_row_table else replicated,
+    specs = (rows_2d, rows, rows_2d if _page_table_per_row(params) else replicated,
              rows if params["has_table_rows"] else replicated, replicated)
     return tuple(NamedSharding(mesh, s) for s in specs), NamedSharding(mesh, rows_2d)
 
@@ -97,7 +101,7 @@ def _infer(params, mesh, arg_shapes, result_shape):
 def _sharding_rule(params, mesh, arg_shapes, result_shape):
     del mesh, arg_shapes, result_shape
     named = dict(params)
-    page_table = "r p" if named["has_page_table"] and not named["has_table_rows"] else "t p"
+    page_table = "r p" if _page_table_per_row(named) else "t p"
     table_rows = "r" if named["has_table_rows"] else "c"
     # n and the (small) num_valid_rows must be whole on each device; rows pass through.
     rule = f"r n, r, {page_table}, {table_rows}, g -> r k"

@@ -61,13 +61,6 @@ def test_odd_widths_unaligned_rows(op, backend):
             np.testing.assert_array_equal(out, reference_topk(scores, lengths, k), err_msg=str(n))
 
 
-def _from_bits(op, bits):
-    """Scores of the operator's dtype from raw bit patterns (uint16 for bf16, uint32 for f32)."""
-    if op == "topk_bf16":
-        return np.asarray(bits, np.uint16).view(SCORE_DTYPES[op])
-    return np.asarray(bits, np.uint32).view(np.float32)
-
-
 def test_pivot_at_minus_infinity_among_nans(op, backend):
     """The k-th value is -inf in rows that also hold NaN: NaN (which the bf16 kernel rewrites to
     -inf in registers) must neither be counted nor taken, and -inf ties go to the lowest columns."""
@@ -96,7 +89,7 @@ def test_pivot_at_smallest_normals_and_subnormals(op, backend):
     copies = 40  # groups are listed largest first; each k below ends inside one group
     rng = np.random.default_rng(14)
     rows = [rng.permutation(np.repeat(groups, copies)) for _ in range(3)]
-    scores = _from_bits(op, np.stack(rows))
+    scores = _families._from_bits(np.stack(rows), np.dtype(SCORE_DTYPES[op]))
     n = scores.shape[1]
     lengths = np.array([n, n - 7, 333], np.int32)
     for k in range(copies // 2, len(groups) * copies, copies):
