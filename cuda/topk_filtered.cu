@@ -98,6 +98,11 @@ constexpr int kMaxClusterParts = static_cast<int>(kFilteredMaxSplitParts);
 constexpr int kPortableClusterParts = 8;
 constexpr int kSuperBins = kDigitBins / kWarpSize;
 constexpr int kMinSplitSliceEntries = 1024;  // below this a split part would overflow too often
+// A split launch of at most kSpreadBytesPerSm of scores an SM runs one block an SM (its shared
+// memory padded past half an SM's): a block alone on its SM takes its sample and its cluster's
+// steps at twice the issue rate. Longer rows keep two blocks an SM, which their pass needs to
+// stream (measured, benches/NOTES.md filtered step 8).
+constexpr int64_t kSpreadBytesPerSm = int64_t{192} << 10;
 
 using ColumnSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread>;
 using RankSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread, uint32_t>;
@@ -217,10 +222,23 @@ __device__ __forceinline__ float4 LoadChunk(const float* at, int64_t available) 
   return v;
 }
 
-// Pulls `columns` columns of the row from `from` on (none past `end`) into L2, a line a thread.
+// Pulls `columns` columns of the row from `from` on (none past `end`) into L2. On sm_90 one
+// thread asks the copy engine for the whole range (the 16-byte-aligned inside of it: the load
+// units then see no prefetch traffic); before that, a line a thread.
 __device__ __forceinline__ void PrefetchToL2(const float* row, int64_t from, int end, int columns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x != 0 || from >= end) return;
+  const int64_t to = from + columns < end ? from + columns : end;
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(row + from) + 15) & ~uintptr_t{15};
+  const uintptr_t last = reinterpret_cast<uintptr_t>(row + to) & ~uintptr_t{15};
+  if (first < last) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"(static_cast<uint32_t>(last - first))
+                 : "memory");
+  }
+#else
   const int offset = kPrefetchLineElems * static_cast<int>(threadIdx.x);
   if (offset < columns && from + offset < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + from + offset));
+#endif
 }
 
 // Sources hand items (value bits, column, valid) to a visitor; every thread of the block
@@ -1522,12 +1540,36 @@ cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, size_t shared_bytes, c
   return config;
 }
 
+// The dynamic shared memory of a split block that has its SM alone: just over half an SM's
+// (cached; sizeof(SharedStorage) where the device cannot give a block that much).
+int SpreadSharedBytes(int device) {
+  static int cache[kMaxCachedDevices] = {};
+  return CachedPerDevice(cache, device, [&] {
+    int per_sm = 0;
+    int per_block = 0;
+    const int own = static_cast<int>(sizeof(SharedStorage));
+    if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaGetLastError();
+      return own;
+    }
+    const int half_and_more = per_sm / 2 + 16;
+    return half_and_more > own && half_and_more <= per_block ? half_and_more : own;
+  });
+}
+
+// The dynamic shared memory of a split block (spread: one block an SM).
+int SplitSharedBytes(int device, bool spread) {
+  return spread ? SpreadSharedBytes(device) : static_cast<int>(sizeof(SharedStorage));
+}
+
 // How many clusters of `parts` blocks the device holds at once (cached; 0: none).
-int ResidentClusters(int device, int parts) {
-  static int cache[kMaxClusterParts + 1][kMaxCachedDevices] = {};
-  return CachedPerDevice(cache[parts], device, [&] {
+int ResidentClusters(int device, int parts, bool spread) {
+  static int cache[2][kMaxClusterParts + 1][kMaxCachedDevices] = {};
+  return CachedPerDevice(cache[spread][parts], device, [&] {
     cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config = ClusterConfig(parts, parts, sizeof(SharedStorage), nullptr, attribute);
+    const cudaLaunchConfig_t config =
+        ClusterConfig(parts, parts, SplitSharedBytes(device, spread), nullptr, attribute);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, TopkFilteredKernel<true>, &config) != cudaSuccess) {
       cudaGetLastError();  // a size this device cannot launch: not used
@@ -1557,11 +1599,11 @@ int MaxSplitParts(int device) {
 
 // Split mode's parts a row: the most, up to the row's useful parts, whose clusters for all the
 // rows are resident at once (a second wave would double the launch); 1: none (queue mode).
-int SplitParts(int device, int64_t rows, int64_t useful_parts) {
+int SplitParts(int device, int64_t rows, int64_t useful_parts, bool spread) {
   const int limit = MaxSplitParts(device);
   const int most = static_cast<int>(useful_parts < limit ? useful_parts : limit);
   for (int parts = most; parts > 1; --parts) {
-    if (ResidentClusters(device, parts) >= rows) return parts;
+    if (ResidentClusters(device, parts, spread) >= rows) return parts;
   }
   return 1;
 }
@@ -1582,17 +1624,26 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   const int sm_pool = kBlocksPerSm * SmCount(device);
   const int pool = sm_pool < kMaxPoolBlocks ? sm_pool : kMaxPoolBlocks;
   const size_t shared_bytes = sizeof(SharedStorage);
-  for (const auto kernel : {TopkFilteredKernel<true>, TopkFilteredKernel<false>}) {
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(shared_bytes));
-    if (status != cudaSuccess) return status;
-  }
+  status = cudaFuncSetAttribute(TopkFilteredKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(shared_bytes));
+  if (status != cudaSuccess) return status;
+  status = cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                SpreadSharedBytes(device));
+  if (status != cudaSuccess) return status;
 
   // Few rows: a cluster of blocks a row, if the workspace gives every part a useful slice (rows
   // of at most kSharedCandidates columns are done by one block either way).
   WorkspacePlan plan = PlanWorkspace(problem.rows, 1, pool, workspace_bytes);
+  bool spread = false;
   if (problem.rows * 2 <= pool && problem.width > kSharedCandidates) {
-    const int parts = SplitParts(device, problem.rows, FilteredUsefulParts(problem.width));
+    const int64_t useful_parts = FilteredUsefulParts(problem.width);
+    spread = problem.rows * problem.width * static_cast<int64_t>(sizeof(float)) <=
+             kSpreadBytesPerSm * SmCount(device);
+    int parts = spread ? SplitParts(device, problem.rows, useful_parts, true) : 1;
+    if (parts <= 1) {  // too many rows to spread them
+      spread = false;
+      parts = SplitParts(device, problem.rows, useful_parts, false);
+    }
     if (parts > 1) {
       const WorkspacePlan split = PlanWorkspace(problem.rows, parts, pool, workspace_bytes);
       if (split.slice_entries >= kMinSplitSliceEntries) plan = split;
@@ -1609,7 +1660,8 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
 
   if (plan.parts > 1) {  // split mode needs no counters
     cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config = ClusterConfig(plan.grid, plan.parts, shared_bytes, stream, attribute);
+    const cudaLaunchConfig_t config =
+        ClusterConfig(plan.grid, plan.parts, SplitSharedBytes(device, spread), stream, attribute);
     status = cudaLaunchKernelEx(&config, TopkFilteredKernel<true>, launch);
     return status != cudaSuccess ? status : cudaGetLastError();
   }

@@ -47,6 +47,8 @@ def main():
         (jax_topk.topk_filtered, _periodic_rows(rng, 4, 65_536), dict(k=2048)),
         (jax_topk.topk_filtered, np.round(rng.standard_normal((4, 70_000), np.float32) * 16) / 16,
          dict(k=2048)),
+        # Split rows of two blocks an SM (over 192 KB of scores an SM on an H200).
+        (jax_topk.topk_filtered, rng.standard_normal((40, 200_003), np.float32), dict(k=2048)),
     ]
     for fn, scores, kwargs in cases:
         rows, n = scores.shape

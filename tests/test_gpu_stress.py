@@ -184,14 +184,18 @@ def test_filtered_whole_rows_with_masked_rows():
         assert (out[max(valid, 0):] == -1).all()
 
 
-def test_filtered_split_rows_of_every_family():
+# On an H200 (132 SMs) 6 x 100003 runs one block an SM (up to 192 KB of scores an SM), and
+# 40 x 200003 two blocks an SM.
+@pytest.mark.parametrize("rows, n", [(6, 100_003), (40, 200_003)])
+def test_filtered_split_rows_of_every_family(rows, n):
     """Few rows (a block cluster a row) of every value family and random lengths, both orders:
-    rows the cluster settles, rows merged into its first block, rows done whole there."""
-    rng = np.random.default_rng(54)
+    rows the cluster settles, rows merged into its first block, rows done whole there; split
+    launches of one block an SM and of two."""
+    rng = np.random.default_rng(54 + rows)
     for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
-        scores = _families.make(family, rng, (6, 100_003), "float32")
-        lengths = rng.integers(-2, 100_006, size=6).astype(np.int32)
-        lengths[:2] = 100_003
+        scores = _families.make(family, rng, (rows, n), "float32")
+        lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+        lengths[:2] = n
         for sorted_ in (False, True):
             assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
 
