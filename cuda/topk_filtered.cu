@@ -1,6 +1,6 @@
 // topk_filtered: exact top-k of long float32 rows (SPEC section 2). Per row, a regular 1/s sample
 // (row-dependent phase) proposes a cutoff keeping ~k candidates (+ slack) and a deeper secondary.
-// One pass over the row (float4 loads, L2 prefetch ahead; a hit mask per 16 values a thread, then
+// One pass over the row (float4 loads, bulk L2 prefetch ahead; a hit mask per 16 values a thread, then
 // only the hits) appends the values >= cutoff, unordered, to shared memory then a per-worker
 // workspace slice. A histogram of the candidates in bins relative to the cutoff finds the k-th
 // key's bin, one warp ranks its few members (else 11+11+10-bit radix digits); one more selection
@@ -9,7 +9,8 @@
 // Traffic: the sample (<= 1/8 of the row) + one read. Underfill retries the secondary cutoff; still
 // short, or more kept than fits, takes the exact route (radix passes over the row). Limits: width <
 // 2^31, k <= kMaxK. Few rows: a thread block cluster a row (KV-split); its blocks add up their
-// candidates' histograms through distributed shared memory and each writes its own winners.
+// candidates' histograms through distributed shared memory and each writes its own winners
+// (one block an SM when the launch's scores are small next to the device, else two).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -1408,7 +1409,7 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
       }
     }
     cluster.sync();  // no part reads another's histogram any more
-  ClearHistogram(s);
+    ClearHistogram(s);
     __syncthreads();  // the histogram is zero before its next use
     // Short of k: every part re-reads its columns with the deeper cutoff, once.
     if (!short_of_k || attempt == 1 || s.job.cutoffs.secondary == s.job.cutoffs.primary) break;
