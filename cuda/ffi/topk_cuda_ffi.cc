@@ -1,13 +1,13 @@
 // XLA FFI bindings of the CUDA handlers, and the nanobind module that hands them to JAX.
-// Thin: decode, check, launch on XLA's stream. The kernels live in topk_*.cu.
+// Thin: decode, check, launch on XLA's stream. The kernels live in kernels/topk_*.cu.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
 #include "nanobind/nanobind.h"
-#include "topk_cuda.h"
-#include "topk_ffi.h"
+#include "kernels/topk_cuda.h"
+#include "ffi/topk_ffi.h"
 
 namespace nb = nanobind;
 

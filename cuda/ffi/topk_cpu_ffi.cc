@@ -4,10 +4,10 @@
 #include <utility>
 
 #include "nanobind/nanobind.h"
-#include "topk_common.h"
-#include "topk_cpu.h"
-#include "topk_ffi.h"
-#include "topk_filtered_workspace.h"
+#include "common/topk_common.h"
+#include "cpu/topk_cpu.h"
+#include "ffi/topk_ffi.h"
+#include "common/topk_filtered_workspace.h"
 
 namespace nb = nanobind;
 

@@ -18,9 +18,9 @@
 
 #include <cub/block/block_radix_sort.cuh>
 
-#include "topk_common.h"
-#include "topk_cuda.h"
-#include "topk_scan.cuh"
+#include "common/topk_common.h"
+#include "kernels/topk_cuda.h"
+#include "kernels/topk_scan.cuh"
 
 namespace jax_topk {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "topk_problem.h"
+#include "common/topk_problem.h"
 
 namespace jax_topk {
 

@@ -1,6 +1,6 @@
 // The workspace topk_filtered asks for, as a pure function of the shapes (no GPU query), so
 // the JAX shape rule can size the custom call's workspace output at trace time. Plain C++:
-// compiled by g++ into the CPU module and by nvcc into topk_filtered.cu, which takes its
+// compiled by g++ into the CPU module and by nvcc into kernels/topk_filtered.cu, which takes its
 // split and slice constants from here. The kernel stays exact for any size >= 4096 bytes.
 #pragma once
 

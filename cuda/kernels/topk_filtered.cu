@@ -19,11 +19,11 @@
 #include <type_traits>
 #include <cub/block/block_radix_sort.cuh>
 
-#include "topk_common.h"
-#include "topk_cuda.h"
-#include "topk_filtered_workspace.h"
-#include "topk_problem.h"
-#include "topk_scan.cuh"
+#include "common/topk_common.h"
+#include "kernels/topk_cuda.h"
+#include "common/topk_filtered_workspace.h"
+#include "common/topk_problem.h"
+#include "kernels/topk_scan.cuh"
 
 namespace jax_topk {
 namespace {

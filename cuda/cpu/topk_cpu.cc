@@ -3,7 +3,7 @@
 // boundary's bin, then digits over that shrinking set), then one pass that takes every key
 // above the k-th largest and, of the keys equal to it, the lowest columns. O(n) per row,
 // never a sort of the row; rows are spread over the host's cores.
-#include "topk_cpu.h"
+#include "cpu/topk_cpu.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "topk_common.h"
+#include "common/topk_common.h"
 
 namespace jax_topk {
 namespace {

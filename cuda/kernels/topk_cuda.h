@@ -1,12 +1,12 @@
-// The CUDA kernels' entry points, called by the CUDA FFI bindings (topk_cuda_ffi.cc).
+// The CUDA kernels' entry points, called by the CUDA FFI bindings (ffi/topk_cuda_ffi.cc).
 // All pointers in the problem are device pointers; nothing here synchronises the host
 // or allocates memory, so both launches can be captured into a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "topk_filtered_workspace.h"
-#include "topk_problem.h"
+#include "common/topk_filtered_workspace.h"
+#include "common/topk_problem.h"
 
 namespace jax_topk {
 

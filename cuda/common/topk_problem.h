@@ -1,5 +1,5 @@
 // One top-k call as plain pointers and sizes: the contract between the FFI bindings (which
-// decode XLA buffers into it) and the algorithms (CPU in topk_cpu.cc, CUDA in topk_*.cu),
+// decode XLA buffers into it) and the algorithms (CPU in cpu/topk_cpu.cc, CUDA in kernels/topk_*.cu),
 // which know nothing of XLA.
 #pragma once
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <utility>
 
-#include "topk_common.h"
-#include "topk_problem.h"
+#include "common/topk_common.h"
+#include "common/topk_problem.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_topk {
