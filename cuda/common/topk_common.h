@@ -36,6 +36,13 @@ TOPK_HOST_DEVICE uint16_t BitsFromOrderedKeyBf16(uint32_t key) {
 }
 TOPK_HOST_DEVICE bool IsNanF32(uint32_t bits) { return (bits & 0x7FFFFFFFu) > 0x7F800000u; }
 TOPK_HOST_DEVICE bool IsNanBf16(uint16_t bits) { return (bits & 0x7FFFu) > 0x7F80u; }
+// float16 orders by the same sign-magnitude transform as bfloat16 (OrderedKeyBf16 serves
+// both); only its NaN differs: a 5-bit exponent, so NaN is above 0x7C00 (+inf).
+TOPK_HOST_DEVICE bool IsNanF16(uint16_t bits) { return (bits & 0x7FFFu) > 0x7C00u; }
+// -inf's bits, written as the value of an empty (-1) slot.
+constexpr uint32_t kNegInfF32Bits = 0xFF800000u;
+constexpr uint16_t kNegInfBf16Bits = 0xFF80u;
+constexpr uint16_t kNegInfF16Bits = 0xFC00u;
 
 // Row r selects among columns [0, L_r), L_r = clamp(lengths[r], 0, width).
 TOPK_HOST_DEVICE int64_t ClampLength(int32_t length, int64_t width) {

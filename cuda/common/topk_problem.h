@@ -8,8 +8,13 @@
 
 namespace jax_topk {
 
+// The scores' element type. Every algorithm compares ordered keys of the raw bits
+// (common/topk_common.h); the 16-bit types share one key transform and differ in NaN.
+enum class ScoreType : int32_t { kFloat32, kBfloat16, kFloat16 };
+
 struct TopkProblem {
-  const void* scores = nullptr;   // [rows, width], row-major: bf16 bits (uint16) or float32
+  const void* scores = nullptr;   // [rows, width], row-major, elements of score_type
+  ScoreType score_type = ScoreType::kFloat32;
   int64_t rows = 0;
   int64_t width = 0;              // n, the allocated row length
   const int32_t* lengths = nullptr;  // [rows], clamped with ClampLength
@@ -28,6 +33,9 @@ struct TopkProblem {
   int64_t rows_per_group = 1;
 
   int32_t* out = nullptr;         // [rows, k]
+  // [rows, k] in score_type: the value of each selected column (-inf in -1 slots), written
+  // where the winners are written; nullptr when only the indices are wanted.
+  void* values = nullptr;
 };
 
 }  // namespace jax_topk
