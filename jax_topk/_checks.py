@@ -1,4 +1,4 @@
-"""Trace-time argument checks and the shape rule (SPEC section 5).
+"""Trace-time argument checks and the shape rule (docs/contract.md section 5).
 
 Every error a user can cause with a static argument is raised here, before anything runs,
 with a message that names the argument, the value and the limit.

@@ -7,7 +7,7 @@ On the default device (the GPU where JAX sees one, else the CPU): first a correc
 table against jax.lax.top_k (rows masked to -inf past their lengths, as a JAX user would),
 torch.topk on the GPU where torch is installed, and the HBM read floor.
 
-How time is measured (shared/BENCH.md): on the GPU, `*_us` is device time, the sum of the
+How time is measured (benches/README.md): on the GPU, `*_us` is device time, the sum of the
 kernel durations of one call read from JAX's profiler, median over calls on distinct input
 sets; `ours_wall_us` is the latency a JAX user sees (R distinct calls in one jit, median of
 wall time / R). On the CPU there is no separate device: both are wall time.
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_topk.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
-    parser.add_argument("--json", metavar="PATH", help="write the records (shared/BENCH.md)")
+    parser.add_argument("--json", metavar="PATH", help="write the records (benches/README.md)")
     parser.add_argument("--report", action="store_true",
                         help="with --json: also write the .md table and .png plot beside it")
     parser.add_argument("--only", metavar="OP", choices=list(OPS), help="one operator")

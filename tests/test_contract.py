@@ -1,4 +1,4 @@
-"""SPEC sections 3-4 for both operators on every backend, against the NumPy reference and
+"""docs/contract.md sections 3-4 for both operators on every backend, against the NumPy reference and
 against jax.lax.top_k on NaN-free rows."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC section 6 (jit, vmap, scan, cond, grad) and section 5 (trace-time errors)."""
+"""docs/contract.md section 6 (jit, vmap, scan, cond, grad) and section 5 (trace-time errors)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_grad_through_gather(op):
     assert tangent.dtype == jax.dtypes.float0
 
 
-# --- errors (SPEC section 5) --------------------------------------------------------------
+# --- errors (docs/contract.md section 5) ---------------------------------------------------
 
 def _call(op, **overrides):
     args = dict(scores=jnp.zeros((4, 64), SCORE_DTYPES[op]), lengths=jnp.zeros((4,), jnp.int32))
