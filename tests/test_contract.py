@@ -1,5 +1,5 @@
-"""docs/contract.md sections 3-4 for both operators on every backend, against the NumPy reference and
-against jax.lax.top_k on NaN-free rows."""
+"""docs/contract.md sections 3-4 for both operators on every backend, against the NumPy
+reference and against jax.lax.top_k on NaN-free rows."""
 
 from __future__ import annotations
 
@@ -8,22 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import SCORE_DTYPES, permuted_page_table, run_op
-from jax_topk import _families
-from reference import reference_topk
-
-
-def make_scores(op, rng, shape, family="normal"):
-    return _families.make(family, rng, shape, SCORE_DTYPES[op])
-
-
-def edge_lengths(k, n, rows, rng):
-    """Lengths around every boundary: negative, 0, 1, k-1, k, k+1, n, beyond n."""
-    special = [-5, 0, 1, k - 1, k, k + 1, n, n + 7, np.iinfo(np.int32).max,
-               np.iinfo(np.int32).min]
-    lengths = rng.integers(0, n + 1, size=rows)
-    lengths[:len(special)] = special[:rows]
-    return lengths.astype(np.int32)
+from tests.support.families import edge_lengths
+from tests.support.operators import SCORE_DTYPES, make_scores, permuted_page_table, run_op
+from tests.support.reference import reference_topk
 
 
 @pytest.mark.parametrize("k", [1, 7, 64])

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import gpu_devices, run_op
-from jax_topk import _families
+from tests.support import families
+from tests.support.operators import gpu_devices, run_op
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")]
@@ -30,8 +30,8 @@ def assert_same_on_both(op, scores, lengths, **kwargs):
 @pytest.mark.parametrize("n", [1, 7, 513, 4097, 8191, 12345, 16384])
 def test_bf16_families(n, k):
     rng = np.random.default_rng(n * 13 + k)
-    for family in sorted(_families.FAMILIES):
-        scores = _families.make(family, rng, (200, n), "bfloat16")
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (200, n), "bfloat16")
         lengths = rng.integers(-2, n + 3, size=200).astype(np.int32)
         lengths[:4] = [n, k - 1, k, k + 1]
         for sorted_ in (False, True):
@@ -63,8 +63,8 @@ def one_coarse_bin(rng, rows, n):
 def test_filtered_families_and_foolers(n, k):
     rng = np.random.default_rng(n * 17 + k)
     rows = 24 if n > 100_000 else 64
-    for family in sorted(_families.FAMILIES):
-        scores = _families.make(family, rng, (rows, n), "float32")
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (rows, n), "float32")
         lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
         lengths[:3] = [n, k, k + 1]
         assert_same_on_both("topk_filtered", scores, lengths, k=k)
@@ -111,8 +111,8 @@ def test_cuda_graph_replay():
     """Under XLA command buffers (CUDA graphs), replays with a changing num_valid_rows."""
     env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
                " --xla_gpu_enable_command_buffer=+CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
-    script = Path(__file__).with_name("graph_replay_check.py")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "tests.checks.graph_replay"],
+                            cwd=Path(__file__).parents[1], capture_output=True, text=True,
                             env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "graph replay: ok" in result.stdout
@@ -165,7 +165,7 @@ def test_filtered_whole_rows_of_every_family():
     families and the sample foolers, random lengths, both orders."""
     rng = np.random.default_rng(52)
     for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
-        scores = _families.make(family, rng, (300, 40_000), "float32")
+        scores = families.make(family, rng, (300, 40_000), "float32")
         lengths = rng.integers(-2, 40_003, size=300).astype(np.int32)
         for sorted_ in (False, True):
             assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
@@ -193,7 +193,7 @@ def test_filtered_split_rows_of_every_family(rows, n):
     launches of one block an SM and of two."""
     rng = np.random.default_rng(54 + rows)
     for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
-        scores = _families.make(family, rng, (rows, n), "float32")
+        scores = families.make(family, rng, (rows, n), "float32")
         lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
         lengths[:2] = n
         for sorted_ in (False, True):

@@ -8,18 +8,13 @@ import numpy as np
 import pytest
 
 import jax_topk
-from conftest import OPS, SCORE_DTYPES, permuted_page_table
-from jax_topk import _families
-from reference import reference_topk
-
-
-def scores_for(op, rng, shape, family="normal"):
-    return _families.make(family, rng, shape, SCORE_DTYPES[op])
+from tests.support.operators import OPS, SCORE_DTYPES, make_scores, permuted_page_table
+from tests.support.reference import reference_topk
 
 
 def test_vmap_matches_loop(op):
     rng = np.random.default_rng(20)
-    scores = scores_for(op, rng, (3, 5, 200))
+    scores = make_scores(op, rng, (3, 5, 200))
     lengths = rng.integers(-3, 210, size=(3, 5)).astype(np.int32)
     out = jax.vmap(lambda s, l: OPS[op](s, l, k=16))(scores, lengths)
     np.testing.assert_array_equal(out, reference_topk(scores, lengths, 16))
@@ -27,7 +22,7 @@ def test_vmap_matches_loop(op):
 
 def test_vmap_unmapped_lengths_and_other_axis(op):
     rng = np.random.default_rng(21)
-    scores = scores_for(op, rng, (5, 4, 100))      # mapped over axis 1
+    scores = make_scores(op, rng, (5, 4, 100))      # mapped over axis 1
     lengths = np.array([100, 3, 0, 64, 99], np.int32)
     out = jax.vmap(lambda s: OPS[op](s, lengths, k=8), in_axes=1)(scores)
     expected = np.stack([reference_topk(scores[:, b], lengths, 8) for b in range(4)])
@@ -36,7 +31,7 @@ def test_vmap_unmapped_lengths_and_other_axis(op):
 
 def test_vmap_num_valid_rows_per_call(op):
     rng = np.random.default_rng(22)
-    scores = scores_for(op, rng, (4, 6, 90))
+    scores = make_scores(op, rng, (4, 6, 90))
     lengths = np.full((4, 6), 90, np.int32)
     valid = np.array([0, 2, 6, 9], np.int32)
     out = jax.jit(jax.vmap(lambda s, l, v: OPS[op](s, l, k=5, num_valid_rows=v)))(
@@ -49,7 +44,7 @@ def test_vmap_num_valid_rows_per_call(op):
 def test_vmap_page_table_with_table_rows(op):
     rng = np.random.default_rng(23)
     batch, rows, n, page_size = 3, 4, 128, 8
-    scores = scores_for(op, rng, (batch, rows, n))
+    scores = make_scores(op, rng, (batch, rows, n))
     lengths = rng.integers(0, n + 1, size=(batch, rows)).astype(np.int32)
     tables = np.stack([permuted_page_table(rng, 2, n // page_size) for _ in range(batch)])
     table_rows = rng.integers(-1, 4, size=(batch, rows)).astype(np.int32)
@@ -69,7 +64,7 @@ def test_vmap_page_table_with_table_rows(op):
 
 def test_scan_and_cond(op):
     rng = np.random.default_rng(24)
-    scores = scores_for(op, rng, (5, 3, 64))
+    scores = make_scores(op, rng, (5, 3, 64))
     lengths = np.full((5, 3), 50, np.int32)
 
     def step(carry, xs):
@@ -86,7 +81,7 @@ def test_scan_and_cond(op):
 
 def test_grad_through_gather(op):
     rng = np.random.default_rng(25)
-    scores = scores_for(op, rng, (4, 50)).astype(np.float32)
+    scores = make_scores(op, rng, (4, 50)).astype(np.float32)
     lengths = np.full(4, 50, np.int32)
 
     def loss(x):

@@ -1,15 +1,11 @@
-"""Run by test_gpu_stress.py with XLA command buffers on: the same jitted function replayed
+"""Run by tests/test_gpu_stress.py (`python -m tests.checks.graph_replay`) with XLA command
+buffers on: the same jitted function replayed
 with changing num_valid_rows and inputs must match the CPU handler every time."""
 
-import os
-import sys
+import jax
+import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import jax_topk  # noqa: E402
+import jax_topk
 
 
 def main():

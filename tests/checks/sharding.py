@@ -1,18 +1,17 @@
-"""Run in its own process by test_sharding.py, with 8 host devices: row-sharded calls equal
+"""Run in its own process by tests/test_sharding.py (`python -m tests.checks.sharding`), with 8
+host devices: row-sharded calls equal
 the unsharded ones and the compiled HLO never all-gathers the scores."""
 
 import os
-import sys
 
+# The device count is fixed when JAX starts: set it before jax is imported.
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from conftest import OPS, SCORE_DTYPES, permuted_page_table  # noqa: E402
-from jax_topk import _families  # noqa: E402
+from tests.support.operators import OPS, SCORE_DTYPES, make_scores, permuted_page_table  # noqa: E402
 
 INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 VALID_ROWS = (0, 5, 13, 31, 32, 40, -1, INT32_MIN, INT32_MIN + 3, INT32_MAX)
@@ -38,7 +37,7 @@ def main():
 
         for op in OPS:
             hlo_dtype = "bf16" if SCORE_DTYPES[op] == "bfloat16" else "f32"
-            scores = _families.make("heavy_ties", rng, (rows, n), SCORE_DTYPES[op])
+            scores = make_scores(op, rng, (rows, n), "heavy_ties")
             lengths = rng.integers(-5, n + 5, size=rows).astype(np.int32)
             table = permuted_page_table(rng, rows, n // page_size + 1)
             shared_table = permuted_page_table(rng, 3, n // page_size + 1)

@@ -1,5 +1,5 @@
 """A representative call of each CUDA kernel, small enough to run under compute-sanitizer
-(see .ci/gpu): checks the result against the CPU handler too."""
+(`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu): checks the result against the CPU handler too."""
 
 import jax
 import numpy as np

@@ -1,6 +1,6 @@
 """The main job: check both operators against jax.lax.top_k, then time them.
 
-    python -m jax_topk.bench [--quick] [--json PATH] [--report]
+    python -m benches.bench [--quick] [--json PATH] [--report]     (from the repository root)
 
 On the default device (the GPU where JAX sees one, else the CPU): first a correctness pass
 (random and adversarial rows, ours against jax.lax.top_k on the same device), then a timing
@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import topk_bf16, topk_filtered
-from ._families import FAMILIES, make
+from jax_topk import topk_bf16, topk_filtered
+from tests.support.families import FAMILIES, make
 
 L2_BYTES = 60 << 20
 OPS = {"topk_bf16": (topk_bf16, jnp.bfloat16), "topk_filtered": (topk_filtered, jnp.float32)}
@@ -342,7 +342,7 @@ def write_report(records: list[dict], json_path: str, command: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jax_topk.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benches.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     parser.add_argument("--json", metavar="PATH", help="write the records (benches/README.md)")
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
         if args.report:
-            write_report(records, args.json, "python -m jax_topk.bench " + " ".join(
+            write_report(records, args.json, "python -m benches.bench " + " ".join(
                 argv if argv is not None else sys.argv[1:]))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_topk._families import BF16
+from .families import BF16
 
 
 def ordered_keys(row):
