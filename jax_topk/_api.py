@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checks
+from ._contract import Operands, Params
 from ._primitives import PRIMITIVES
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -28,6 +29,8 @@ def _as_int32(value):
 
 
 def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid_rows, sorted):
+    """Checks the arguments, states the call as `Operands` and `Params` (the 2-D form the
+    primitives take), binds, and gives the indices the scores' leading shape."""
     scores = jnp.asarray(scores)
     lengths = jnp.asarray(lengths)
     k = _checks.check_k(op, k)
@@ -43,21 +46,21 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     _checks.check_num_valid_rows(op, num_valid_rows, leading)
 
     rows = int(np.prod(leading, dtype=np.int64))
-    placeholder = jnp.zeros((0,), jnp.int32)
-    params = dict(
+    params = Params(
         op=op, k=k, log2_page_size=log2_page_size, sorted=sorted,
         has_page_table=page_table is not None, has_table_rows=table_rows is not None,
         has_num_valid_rows=num_valid_rows is not None)
-    operands = (
-        scores.reshape(rows, n),
-        _as_int32(lengths).reshape(rows),
-        placeholder.reshape(0, 0) if page_table is None else
+    operands = Operands(
+        scores=scores.reshape(rows, n),
+        lengths=_as_int32(lengths).reshape(rows),
+        page_table=Operands.absent(2) if page_table is None else
         page_table.reshape(-1, page_table.shape[-1]),
-        placeholder if table_rows is None else table_rows.reshape(rows),
-        placeholder if num_valid_rows is None else _as_int32(num_valid_rows).reshape(1),
+        table_rows=Operands.absent(1) if table_rows is None else table_rows.reshape(rows),
+        num_valid_rows=Operands.absent(1) if num_valid_rows is None else
+        _as_int32(num_valid_rows).reshape(1),
     )
-    out = PRIMITIVES[op].bind(*operands, **params)
-    return out.reshape(*leading, k)
+    (indices,) = PRIMITIVES[op].bind(*operands, params=params)
+    return indices.reshape(*leading, k)
 
 
 def topk_bf16(scores, lengths, *, k=512, page_table=None, page_size=1, table_rows=None,
