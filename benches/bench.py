@@ -103,8 +103,8 @@ def check_against_lax(progress) -> list[str]:
         # ties); the GPU's lax.top_k need not break ties that way.
         cpu = jax.devices("cpu")[0]
         expected = np.asarray(jax.lax.top_k(jax.device_put(host_scores, cpu), k)[1])
-        ranked = np.asarray(jax.jit(lambda s, l: fn(s, l, k=k, sorted=True))(scores, lengths))
-        unordered = np.asarray(jax.jit(lambda s, l: fn(s, l, k=k))(scores, lengths))
+        ranked = np.asarray(jax.jit(lambda s, lens: fn(s, lens, k=k, sorted=True))(scores, lengths))
+        unordered = np.asarray(jax.jit(lambda s, lens: fn(s, lens, k=k))(scores, lengths))
         if not (np.array_equal(ranked, expected)
                 and np.array_equal(unordered, np.sort(expected, axis=1))):
             failures.append(f"{op} {family} {rows}x{n} k={k}")
@@ -225,13 +225,13 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
 
     ours_jit = jax.jit(ours)
     lax_jit = jax.jit(lax_top_k)
-    lax_inputs = [(s, l) for s, l, _ in inputs]
+    lax_inputs = [(s, lens) for s, lens, _ in inputs]
     calls = 3 if quick else 10
     lax_calls = calls if shape.rows * shape.n < (1 << 28) else 3
     if on_gpu:
         ours_us = device_time_us(ours_jit, inputs, calls)
         lax_us = device_time_us(lax_jit, lax_inputs, lax_calls)
-        masked = [jnp.where(jnp.arange(shape.n) < l[:, None], s, -jnp.inf) for s, l in lax_inputs]
+        masked = [jnp.where(jnp.arange(shape.n) < lens[:, None], s, -jnp.inf) for s, lens in lax_inputs]
         torch_result = torch_topk_us(masked, k, calls)
         del masked
     else:
@@ -245,7 +245,7 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
         picked = jnp.take_along_axis(lax_inputs[0][0].astype(jnp.float32), indices, axis=1)
         return np.sort(np.asarray(picked), axis=1)
     scores0, lengths0 = lax_inputs[0]
-    ours_values = selected_values(jax.jit(lambda s, l: fn(s, l, k=k))(scores0, lengths0))
+    ours_values = selected_values(jax.jit(lambda s, lens: fn(s, lens, k=k))(scores0, lengths0))
     same_set = bool(np.array_equal(ours_values, selected_values(lax_jit(scores0, lengths0))))
     if torch_result is not None:
         same_set &= bool(np.array_equal(ours_values, torch_result[1]))

@@ -16,7 +16,7 @@ def test_vmap_matches_loop(op):
     rng = np.random.default_rng(20)
     scores = make_scores(op, rng, (3, 5, 200))
     lengths = rng.integers(-3, 210, size=(3, 5)).astype(np.int32)
-    out = jax.vmap(lambda s, l: OPS[op](s, l, k=16))(scores, lengths)
+    out = jax.vmap(lambda s, lens: OPS[op](s, lens, k=16))(scores, lengths)
     np.testing.assert_array_equal(out, reference_topk(scores, lengths, 16))
 
 
@@ -34,7 +34,7 @@ def test_vmap_num_valid_rows_per_call(op):
     scores = make_scores(op, rng, (4, 6, 90))
     lengths = np.full((4, 6), 90, np.int32)
     valid = np.array([0, 2, 6, 9], np.int32)
-    out = jax.jit(jax.vmap(lambda s, l, v: OPS[op](s, l, k=5, num_valid_rows=v)))(
+    out = jax.jit(jax.vmap(lambda s, lens, v: OPS[op](s, lens, k=5, num_valid_rows=v)))(
         scores, lengths, valid)
     for b in range(4):
         np.testing.assert_array_equal(
@@ -48,8 +48,9 @@ def test_vmap_page_table_with_table_rows(op):
     lengths = rng.integers(0, n + 1, size=(batch, rows)).astype(np.int32)
     tables = np.stack([permuted_page_table(rng, 2, n // page_size) for _ in range(batch)])
     table_rows = rng.integers(-1, 4, size=(batch, rows)).astype(np.int32)
-    fn = lambda s, l, t, tr: OPS[op](s, l, k=12, page_table=t, page_size=page_size,
-                                     table_rows=tr)
+    def fn(s, lens, t, tr):
+        return OPS[op](s, lens, k=12, page_table=t, page_size=page_size, table_rows=tr)
+
     out = jax.vmap(fn)(scores, lengths, tables, table_rows)
     for b in range(batch):
         expected = reference_topk(scores[b], lengths[b], 12, page_table=tables[b],
@@ -68,12 +69,12 @@ def test_scan_and_cond(op):
     lengths = np.full((5, 3), 50, np.int32)
 
     def step(carry, xs):
-        s, l = xs
-        picked = jax.lax.cond(carry > 2, lambda: OPS[op](s, l, k=4),
-                              lambda: OPS[op](s, l, k=4, sorted=True))
+        s, lens = xs
+        picked = jax.lax.cond(carry > 2, lambda: OPS[op](s, lens, k=4),
+                              lambda: OPS[op](s, lens, k=4, sorted=True))
         return carry + 1, picked
 
-    _, out = jax.jit(lambda s, l: jax.lax.scan(step, 0, (s, l)))(scores, lengths)
+    _, out = jax.jit(lambda s, lens: jax.lax.scan(step, 0, (s, lens)))(scores, lengths)
     for i in range(5):
         np.testing.assert_array_equal(out[i], reference_topk(scores[i], lengths[i], 4,
                                                              sorted=i <= 2))

@@ -12,8 +12,8 @@ def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(50)
     fns = {
-        "topk_filtered": lambda s, l, v: jax_topk.topk_filtered(s, l, k=512, num_valid_rows=v),
-        "topk_bf16": lambda s, l, v: jax_topk.topk_bf16(s.astype(jax.numpy.bfloat16), l, k=64,
+        "topk_filtered": lambda s, lens, v: jax_topk.topk_filtered(s, lens, k=512, num_valid_rows=v),
+        "topk_bf16": lambda s, lens, v: jax_topk.topk_bf16(s.astype(jax.numpy.bfloat16), lens, k=64,
                                                         num_valid_rows=v),
     }
     for name, fn in fns.items():

@@ -57,7 +57,7 @@ def main():
         if kwargs.get("page_size"):
             pages = -(-n // kwargs["page_size"])
             extra["page_table"] = np.stack([rng.permutation(pages) for _ in range(rows)]).astype(np.int32)
-        call = jax.jit(lambda s, l, t: fn(s, l, **t, **kwargs))
+        call = jax.jit(lambda s, lens, t: fn(s, lens, **t, **kwargs))
         got = call(*jax.device_put((scores, lengths, extra), gpu))
         want = call(*jax.device_put((scores, lengths, extra), cpu))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

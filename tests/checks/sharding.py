@@ -9,7 +9,8 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 from tests.support.operators import OPS, SCORE_DTYPES, make_scores, permuted_page_table  # noqa: E402
 
@@ -44,8 +45,8 @@ def main():
             table_rows = rng.integers(-2, 5, size=rows).astype(np.int32)
             for row_axes in ("data", ("data", "model")):
                 # One group of rows, a per-row page table, a traced num_valid_rows.
-                fn = jax.jit(lambda s, l, t, v, op=op: OPS[op](
-                    s, l, k=k, page_table=t, page_size=page_size, num_valid_rows=v))
+                fn = jax.jit(lambda s, lens, t, v, op=op: OPS[op](
+                    s, lens, k=k, page_table=t, page_size=page_size, num_valid_rows=v))
                 sharded = (put(scores, P(row_axes, None)), put(lengths, P(row_axes)),
                            put(table, P(row_axes, None)))
                 for valid in VALID_ROWS:
@@ -57,8 +58,8 @@ def main():
                 assert_no_gather_of_scores(fn, (*sharded, np.int32(7)), hlo_dtype)
 
                 # A shared page table with table_rows.
-                fn = jax.jit(lambda s, l, t, tr, op=op: OPS[op](
-                    s, l, k=k, page_table=t, page_size=page_size, table_rows=tr))
+                fn = jax.jit(lambda s, lens, t, tr, op=op: OPS[op](
+                    s, lens, k=k, page_table=t, page_size=page_size, table_rows=tr))
                 sharded = (put(scores, P(row_axes, None)), put(lengths, P(row_axes)),
                            shared_table, put(table_rows, P(row_axes)))
                 got = fn(*sharded)
@@ -69,7 +70,7 @@ def main():
 
             # vmap over 4 calls of 8 rows: calls over "data", each call's rows over "model",
             # so one call's limit serves rows on two devices.
-            fn = jax.jit(jax.vmap(lambda s, l, v, op=op: OPS[op](s, l, k=k, num_valid_rows=v)))
+            fn = jax.jit(jax.vmap(lambda s, lens, v, op=op: OPS[op](s, lens, k=k, num_valid_rows=v)))
             batched = (scores.reshape(4, 8, n), lengths.reshape(4, 8))
             sharded = (put(batched[0], P("data", "model", None)),
                        put(batched[1], P("data", "model")))

@@ -40,7 +40,7 @@ def run_op(op, backend, scores, lengths, **kwargs):
             traced[name] = jax.device_put(np.asarray(value), device)
         else:
             static[name] = value
-    fn = jax.jit(lambda s, l, t: OPS[op](s, l, **t, **static))
+    fn = jax.jit(lambda s, lens, t: OPS[op](s, lens, **t, **static))
     out = fn(jax.device_put(scores, device), jax.device_put(np.asarray(lengths), device), traced)
     return np.asarray(out)
 
