@@ -46,6 +46,12 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     _checks.check_num_valid_rows(op, num_valid_rows, leading)
 
     rows = int(np.prod(leading, dtype=np.int64))
+    if page_table is not None:
+        page_table = page_table.reshape(-1, page_table.shape[-1])
+    if table_rows is not None:
+        table_rows = table_rows.reshape(rows)
+    if num_valid_rows is not None:
+        num_valid_rows = _as_int32(num_valid_rows).reshape(1)
     params = Params(
         op=op, k=k, log2_page_size=log2_page_size, sorted=sorted,
         has_page_table=page_table is not None, has_table_rows=table_rows is not None,
@@ -53,11 +59,9 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     operands = Operands(
         scores=scores.reshape(rows, n),
         lengths=_as_int32(lengths).reshape(rows),
-        page_table=Operands.absent(2) if page_table is None else
-        page_table.reshape(-1, page_table.shape[-1]),
-        table_rows=Operands.absent(1) if table_rows is None else table_rows.reshape(rows),
-        num_valid_rows=Operands.absent(1) if num_valid_rows is None else
-        _as_int32(num_valid_rows).reshape(1),
+        page_table=Operands.absent(2) if page_table is None else page_table,
+        table_rows=Operands.absent(1) if table_rows is None else table_rows,
+        num_valid_rows=Operands.absent(1) if num_valid_rows is None else num_valid_rows,
     )
     (indices,) = PRIMITIVES[op].bind(*operands, params=params)
     return indices.reshape(*leading, k)

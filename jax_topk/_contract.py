@@ -44,12 +44,24 @@ OPERATORS = {
     operator.name: operator
     for operator in (
         Operator(
-            "topk_bf16", "jax_topk_bf16", "jax_topk_bf16", "scores", (jnp.dtype(jnp.bfloat16),),
-            MAX_BF16_WIDTH, MAX_K, needs_workspace=False,
+            name="topk_bf16",
+            primitive="jax_topk_bf16",
+            target="jax_topk_bf16",
+            scores_name="scores",
+            dtypes=(jnp.dtype(jnp.bfloat16),),
+            max_width=MAX_BF16_WIDTH,
+            max_k=MAX_K,
+            needs_workspace=False,
         ),
         Operator(
-            "topk_filtered", "jax_topk_filtered", "jax_topk_filtered", "logits", (jnp.dtype(jnp.float32),),
-            MAX_WIDTH, MAX_K, needs_workspace=True,
+            name="topk_filtered",
+            primitive="jax_topk_filtered",
+            target="jax_topk_filtered",
+            scores_name="logits",
+            dtypes=(jnp.dtype(jnp.float32),),
+            max_width=MAX_WIDTH,
+            max_k=MAX_K,
+            needs_workspace=True,
         ),
     )
 }
