@@ -53,9 +53,14 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     if num_valid_rows is not None:
         num_valid_rows = _as_int32(num_valid_rows).reshape(1)
     params = Params(
-        op=op, k=k, log2_page_size=log2_page_size, sorted=sorted,
-        has_page_table=page_table is not None, has_table_rows=table_rows is not None,
-        has_num_valid_rows=num_valid_rows is not None)
+        op=op,
+        k=k,
+        log2_page_size=log2_page_size,
+        sorted=sorted,
+        has_page_table=page_table is not None,
+        has_table_rows=table_rows is not None,
+        has_num_valid_rows=num_valid_rows is not None,
+    )
     operands = Operands(
         scores=scores.reshape(rows, n),
         lengths=_as_int32(lengths).reshape(rows),
@@ -67,8 +72,17 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     return indices.reshape(*leading, k)
 
 
-def topk_bf16(scores, lengths, *, k=512, page_table=None, page_size=1, table_rows=None,
-              num_valid_rows=None, sorted=False):
+def topk_bf16(
+    scores,
+    lengths,
+    *,
+    k=512,
+    page_table=None,
+    page_size=1,
+    table_rows=None,
+    num_valid_rows=None,
+    sorted=False,
+):
     """Exact top-k of bfloat16 rows up to 16384 long: int32 column indices [..., k].
 
     Row r selects among columns [0, clamp(lengths[r], 0, n)), never a NaN; values rank in
@@ -78,18 +92,44 @@ def topk_bf16(scores, lengths, *, k=512, page_table=None, page_size=1, table_row
     page_table[t, j // page_size] * page_size + j % page_size, t = table_rows[r] (clamped)
     or r. Rows at or past `num_valid_rows` (2-D scores only) are all -1 and never read.
     """
-    return topk("topk_bf16", scores, lengths, k=k, page_table=page_table, page_size=page_size,
-                table_rows=table_rows, num_valid_rows=num_valid_rows, sorted=sorted)
+    return topk(
+        "topk_bf16",
+        scores,
+        lengths,
+        k=k,
+        page_table=page_table,
+        page_size=page_size,
+        table_rows=table_rows,
+        num_valid_rows=num_valid_rows,
+        sorted=sorted,
+    )
 
 
-def topk_filtered(logits, lengths, *, k=2048, page_table=None, page_size=1, table_rows=None,
-                  num_valid_rows=None, sorted=False):
+def topk_filtered(
+    logits,
+    lengths,
+    *,
+    k=2048,
+    page_table=None,
+    page_size=1,
+    table_rows=None,
+    num_valid_rows=None,
+    sorted=False,
+):
     """Exact top-k of float32 rows of any length: int32 column indices [..., k].
 
     The same contract as topk_bf16 (see its docstring) for float32 logits; on the GPU a
     sample of each row proposes a boundary that one full pass validates, so long rows are
     read about once.
     """
-    return topk("topk_filtered", logits, lengths, k=k, page_table=page_table,
-                page_size=page_size, table_rows=table_rows, num_valid_rows=num_valid_rows,
-                sorted=sorted)
+    return topk(
+        "topk_filtered",
+        logits,
+        lengths,
+        k=k,
+        page_table=page_table,
+        page_size=page_size,
+        table_rows=table_rows,
+        num_valid_rows=num_valid_rows,
+        sorted=sorted,
+    )

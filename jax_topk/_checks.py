@@ -38,8 +38,10 @@ def _other_operator_hint(op: str, dtype) -> str:
         if other.name != op and dtype in other.dtypes:
             rows = f" up to {other.max_width}" if other.max_width < MAX_WIDTH else ""
             cast = OPERATORS[op].dtypes[0].name
-            return (f" (use jax_topk.{other.name} for {dtype.name} rows{rows}, or cast "
-                    f"with .astype(jnp.{cast}))")
+            return (
+                f" (use jax_topk.{other.name} for {dtype.name} rows{rows}, or cast "
+                f"with .astype(jnp.{cast}))"
+            )
     return ""
 
 
@@ -49,19 +51,25 @@ def check_scores(op: str, scores) -> tuple[tuple[int, ...], int]:
     name = operator.scores_name
     if scores.dtype not in operator.dtypes:
         accepted = " or ".join(d.name for d in operator.dtypes)
-        raise TypeError(f"{op}: {name} must be {accepted}, got {scores.dtype}"
-                        f"{_other_operator_hint(op, scores.dtype)}")
+        raise TypeError(
+            f"{op}: {name} must be {accepted}, got {scores.dtype}"
+            f"{_other_operator_hint(op, scores.dtype)}"
+        )
     if scores.ndim < 1:
         raise ValueError(f"{op}: {name} must have at least one dimension, got shape {scores.shape}")
     n = scores.shape[-1]
     if n < 1:
         raise ValueError(f"{op}: {name} row length n={n} must be >= 1")
     if n > MAX_WIDTH:
-        raise ValueError(f"{op}: {name} row length n={n} exceeds the limit {MAX_WIDTH} "
-                         "(the result holds int32 column indices)")
+        raise ValueError(
+            f"{op}: {name} row length n={n} exceeds the limit {MAX_WIDTH} "
+            "(the result holds int32 column indices)"
+        )
     if n > operator.max_width:
-        raise ValueError(f"{op}: {name} row length n={n} exceeds the limit {operator.max_width} "
-                         "(use jax_topk.topk_filtered for longer rows)")
+        raise ValueError(
+            f"{op}: {name} row length n={n} exceeds the limit {operator.max_width} "
+            "(use jax_topk.topk_filtered for longer rows)"
+        )
     return tuple(scores.shape[:-1]), n
 
 
@@ -69,8 +77,10 @@ def _check_integer(op: str, name: str, value, shape: tuple[int, ...] | None):
     if not jnp.issubdtype(value.dtype, jnp.integer):
         raise TypeError(f"{op}: {name} must be an integer array, got dtype {value.dtype}")
     if shape is not None and tuple(value.shape) != shape:
-        raise ValueError(f"{op}: {name} has shape {tuple(value.shape)}, expected {shape} "
-                         "(the scores' leading shape)")
+        raise ValueError(
+            f"{op}: {name} has shape {tuple(value.shape)}, expected {shape} "
+            "(the scores' leading shape)"
+        )
 
 
 def check_lengths(op: str, lengths, leading: tuple[int, ...]):
@@ -88,33 +98,42 @@ def check_page_table(op: str, page_table, table_rows, leading, n: int, page_size
         if tuple(page_table.shape[:-1]) != leading or page_table.ndim != len(leading) + 1:
             raise ValueError(
                 f"{op}: page_table has shape {tuple(page_table.shape)}; without table_rows it "
-                f"needs one table row per score row, shape {leading + ('pages',)}")
+                f"needs one table row per score row, shape {leading + ('pages',)}"
+            )
     else:
         if page_table.ndim != 2:
-            raise ValueError(f"{op}: page_table must be 2-D [T, pages] with table_rows, got "
-                             f"shape {tuple(page_table.shape)}")
+            raise ValueError(
+                f"{op}: page_table must be 2-D [T, pages] with table_rows, got "
+                f"shape {tuple(page_table.shape)}"
+            )
         if page_table.shape[0] < 1 and int(np.prod(leading, dtype=np.int64)) > 0:
             raise ValueError(f"{op}: page_table has T=0 rows; table_rows needs T >= 1")
         if table_rows.dtype != jnp.int32:
             raise TypeError(f"{op}: table_rows must be int32, got {table_rows.dtype}")
         if tuple(table_rows.shape) != leading:
-            raise ValueError(f"{op}: table_rows has shape {tuple(table_rows.shape)}, expected "
-                             f"{leading} (the scores' leading shape)")
+            raise ValueError(
+                f"{op}: table_rows has shape {tuple(table_rows.shape)}, expected "
+                f"{leading} (the scores' leading shape)"
+            )
     pages = page_table.shape[-1]
     if pages * page_size < n:
-        raise ValueError(f"{op}: page_table is too small: pages * page_size = {pages} * "
-                         f"{page_size} = {pages * page_size} < n = {n}")
+        raise ValueError(
+            f"{op}: page_table is too small: pages * page_size = {pages} * "
+            f"{page_size} = {pages * page_size} < n = {n}"
+        )
 
 
 def check_num_valid_rows(op: str, num_valid_rows, leading):
     if num_valid_rows is None:
         return
     if len(leading) != 1:
-        raise ValueError(f"{op}: num_valid_rows needs 2-D scores [rows, n], got leading shape "
-                         f"{leading}")
+        raise ValueError(
+            f"{op}: num_valid_rows needs 2-D scores [rows, n], got leading shape {leading}"
+        )
     if jnp.ndim(num_valid_rows) != 0:
-        raise ValueError(f"{op}: num_valid_rows must be a scalar, got shape "
-                         f"{jnp.shape(num_valid_rows)}")
+        raise ValueError(
+            f"{op}: num_valid_rows must be a scalar, got shape {jnp.shape(num_valid_rows)}"
+        )
     dtype = jnp.result_type(num_valid_rows)
     if not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"{op}: num_valid_rows must be an integer, got dtype {dtype}")
@@ -132,11 +151,21 @@ def shape_rule(*avals, params: Params):
     scores, lengths, num_valid_rows = operands.scores, operands.lengths, operands.num_valid_rows
     rows = scores.shape[0]
     if scores.ndim != 2 or lengths.shape != (rows,) or lengths.dtype != np.int32:
-        raise ValueError(f"{params.op}: internal operands must be scores [rows, n] and int32 "
-                         f"lengths [rows]; got {scores.shape} and {lengths.dtype}{lengths.shape}")
-    if params.has_num_valid_rows and rows and (num_valid_rows.ndim != 1
-                                               or not num_valid_rows.shape[0]
-                                               or rows % num_valid_rows.shape[0]):
-        raise ValueError(f"{params.op}: num_valid_rows {num_valid_rows.shape} does not split "
-                         f"{rows} rows into equal groups")
+        raise ValueError(
+            f"{params.op}: internal operands must be scores [rows, n] and int32 "
+            f"lengths [rows]; got {scores.shape} and {lengths.dtype}{lengths.shape}"
+        )
+    if (
+        params.has_num_valid_rows
+        and rows
+        and (
+            num_valid_rows.ndim != 1
+            or not num_valid_rows.shape[0]
+            or rows % num_valid_rows.shape[0]
+        )
+    ):
+        raise ValueError(
+            f"{params.op}: num_valid_rows {num_valid_rows.shape} does not split "
+            f"{rows} rows into equal groups"
+        )
     return params.result_avals(operands)

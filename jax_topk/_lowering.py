@@ -53,7 +53,8 @@ def _lowering(ctx, *operands, params: Params, with_workspace: bool):
         scores = Operands(*ctx.avals_in).scores
         rows, width = scores.shape
         workspace = jax.core.ShapedArray(
-            (filtered_workspace_bytes(rows, width, params.k),), np.uint8)
+            (filtered_workspace_bytes(rows, width, params.k),), np.uint8
+        )
         ctx = _compat.with_extra_results(ctx, [workspace])
     target = jax.ffi.ffi_lowering(params.operator.target)
     results = target(ctx, *operands, **params.ffi_attributes())
@@ -68,9 +69,9 @@ def _cuda_lowering(ctx, *operands, params: Params):
     if not HAS_CUDA_EXTENSION:
         raise RuntimeError(
             f"jax_topk.{params.op}: this build of jax_topk has no CUDA extension (no CUDA compiler "
-            "was found when it was built); reinstall with nvcc on the PATH, or run on the CPU")
-    return _lowering(ctx, *operands, params=params,
-                     with_workspace=params.operator.needs_workspace)
+            "was found when it was built); reinstall with nvcc on the PATH, or run on the CPU"
+        )
+    return _lowering(ctx, *operands, params=params, with_workspace=params.operator.needs_workspace)
 
 
 mlir.register_lowering(ffi_call_p, _cpu_lowering, platform="cpu")

@@ -84,8 +84,12 @@ def _partition(params: Params, mesh, arg_shapes, result_shape):
     axes = _row_axes(mesh, arg_shapes)
     if axes is None:
         replicated = NamedSharding(mesh, PartitionSpec())
-        return (mesh, partial(_bind, params), (replicated,) * len(params.results),
-                (replicated,) * len(Operands._fields))
+        return (
+            mesh,
+            partial(_bind, params),
+            (replicated,) * len(params.results),
+            (replicated,) * len(Operands._fields),
+        )
     arg_shardings, result_shardings = _shardings(params, mesh, axes)
     rows = Operands(*arg_shapes).scores.shape[0]
 
@@ -94,8 +98,11 @@ def _partition(params: Params, mesh, arg_shapes, result_shape):
         if params.has_num_valid_rows:
             local_rows = local.scores.shape[0]
             first_row = _shard_index(mesh, axes) * local_rows
-            local = local._replace(num_valid_rows=local_num_valid_rows(
-                local.num_valid_rows, rows, first_row, local_rows))
+            local = local._replace(
+                num_valid_rows=local_num_valid_rows(
+                    local.num_valid_rows, rows, first_row, local_rows
+                )
+            )
         return _bind(params, *local)
 
     return mesh, local_call, result_shardings, arg_shardings

@@ -11,9 +11,14 @@ from tests.support.operators import OPS, gpu_devices
 
 BACKENDS = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("gpu", id="gpu", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")]),
+    pytest.param(
+        "gpu",
+        id="gpu",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX"),
+        ],
+    ),
 ]
 
 

@@ -33,7 +33,7 @@ def test_nan_never_selected_and_displaces_nothing(op, backend):
     scores = make_scores(op, rng, (2, n))
     with_nan = scores.copy()
     top = np.argsort(-scores[0].astype(np.float32))[:5]
-    with_nan[0, top] = np.nan                       # the would-be winners become NaN
+    with_nan[0, top] = np.nan  # the would-be winners become NaN
     with_nan[1, ::2] = -np.nan
     lengths = np.full(2, n, np.int32)
     out = run_op(op, backend, with_nan, lengths, k=k)
@@ -66,7 +66,7 @@ def test_pivot_at_minus_infinity_among_nans(op, backend):
     -inf in registers) must neither be counted nor taken, and -inf ties go to the lowest columns."""
     n = 600
     row = np.full(n, -np.inf, np.float32)
-    row[::3] = np.nan                     # 400 non-NaN values, all -inf
+    row[::3] = np.nan  # 400 non-NaN values, all -inf
     other = row.copy()
     other[[5, 50, 500]] = [1.0, -2.0, 3.0]  # three finite values above the -inf ties
     scores = np.stack([row, other, row[::-1].copy()]).astype(SCORE_DTYPES[op])
@@ -74,8 +74,11 @@ def test_pivot_at_minus_infinity_among_nans(op, backend):
     for k in (1, 3, 300, 399, 400, 401, 512):
         for sorted_ in (False, True):
             out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
-            np.testing.assert_array_equal(out, reference_topk(scores, lengths, k, sorted=sorted_),
-                                          err_msg=f"k={k} sorted={sorted_}")
+            np.testing.assert_array_equal(
+                out,
+                reference_topk(scores, lengths, k, sorted=sorted_),
+                err_msg=f"k={k} sorted={sorted_}",
+            )
 
 
 def test_pivot_at_smallest_normals_and_subnormals(op, backend):
@@ -84,8 +87,18 @@ def test_pivot_at_smallest_normals_and_subnormals(op, backend):
     if op == "topk_bf16":
         groups = [0x0081, 0x0080, 0x007F, 0x0001, 0x0000, 0x8000, 0x8001, 0x807F, 0x8080, 0x8081]
     else:
-        groups = [0x00800001, 0x00800000, 0x007FFFFF, 0x00000001, 0x00000000, 0x80000000,
-                  0x80000001, 0x807FFFFF, 0x80800000, 0x80800001]
+        groups = [
+            0x00800001,
+            0x00800000,
+            0x007FFFFF,
+            0x00000001,
+            0x00000000,
+            0x80000000,
+            0x80000001,
+            0x807FFFFF,
+            0x80800000,
+            0x80800001,
+        ]
     copies = 40  # groups are listed largest first; each k below ends inside one group
     rng = np.random.default_rng(14)
     rows = [rng.permutation(np.repeat(groups, copies)) for _ in range(3)]
@@ -95,8 +108,11 @@ def test_pivot_at_smallest_normals_and_subnormals(op, backend):
     for k in range(copies // 2, len(groups) * copies, copies):
         for sorted_ in (False, True):
             out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
-            np.testing.assert_array_equal(out, reference_topk(scores, lengths, k, sorted=sorted_),
-                                          err_msg=f"k={k} sorted={sorted_}")
+            np.testing.assert_array_equal(
+                out,
+                reference_topk(scores, lengths, k, sorted=sorted_),
+                err_msg=f"k={k} sorted={sorted_}",
+            )
 
 
 def test_filtered_rows_at_the_column_bitmap_limit(backend):
@@ -109,5 +125,6 @@ def test_filtered_rows_at_the_column_bitmap_limit(backend):
     lengths = np.array([262144, 262145, 262143, 131072, 131073, 65536, 16385, 16384], np.int32)
     for sorted_ in (False, True):
         out = run_op("topk_filtered", backend, scores, lengths, k=2048, sorted=sorted_)
-        np.testing.assert_array_equal(out, reference_topk(scores, lengths, 2048, sorted=sorted_),
-                                      err_msg=f"sorted={sorted_}")
+        np.testing.assert_array_equal(
+            out, reference_topk(scores, lengths, 2048, sorted=sorted_), err_msg=f"sorted={sorted_}"
+        )

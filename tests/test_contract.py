@@ -59,10 +59,12 @@ def test_page_transform(op, backend, page_size):
     lengths = edge_lengths(k, n, rows, rng)
     table = permuted_page_table(rng, rows, pages)
     for sorted_ in (False, True):
-        out = run_op(op, backend, scores, lengths, k=k, page_table=table, page_size=page_size,
-                     sorted=sorted_)
-        expected = reference_topk(scores, lengths, k, page_table=table, page_size=page_size,
-                                  sorted=sorted_)
+        out = run_op(
+            op, backend, scores, lengths, k=k, page_table=table, page_size=page_size, sorted=sorted_
+        )
+        expected = reference_topk(
+            scores, lengths, k, page_table=table, page_size=page_size, sorted=sorted_
+        )
         np.testing.assert_array_equal(out, expected)
 
 
@@ -73,10 +75,19 @@ def test_table_rows_clamped(op, backend):
     table_rows = np.array([0, 1, 2, -1, 3, 100, np.iinfo(np.int32).min, 1], np.int32)
     scores = make_scores(op, rng, (rows, n))
     lengths = np.full(rows, n, np.int32)
-    out = run_op(op, backend, scores, lengths, k=k, page_table=table, page_size=page_size,
-                 table_rows=table_rows)
-    expected = reference_topk(scores, lengths, k, page_table=table, page_size=page_size,
-                              table_rows=table_rows)
+    out = run_op(
+        op,
+        backend,
+        scores,
+        lengths,
+        k=k,
+        page_table=table,
+        page_size=page_size,
+        table_rows=table_rows,
+    )
+    expected = reference_topk(
+        scores, lengths, k, page_table=table, page_size=page_size, table_rows=table_rows
+    )
     np.testing.assert_array_equal(out, expected)
 
 

@@ -15,8 +15,10 @@ import pytest
 from tests.support import families
 from tests.support.operators import gpu_devices, run_op
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX"),
+]
 
 
 def assert_same_on_both(op, scores, lengths, **kwargs):
@@ -103,17 +105,24 @@ def test_filtered_repeated_calls_and_changing_num_valid_rows():
     scores = rng.standard_normal((40, 70_000)).astype(np.float32)
     lengths = rng.integers(0, 70_001, size=40).astype(np.int32)
     for valid in (40, 3, 0, 17, 40, -1, 100):
-        assert_same_on_both("topk_filtered", scores, lengths, k=512,
-                            num_valid_rows=np.int32(valid))
+        assert_same_on_both("topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid))
 
 
 def test_cuda_graph_replay():
     """Under XLA command buffers (CUDA graphs), replays with a changing num_valid_rows."""
-    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
-               " --xla_gpu_enable_command_buffer=+CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
-    result = subprocess.run([sys.executable, "-m", "tests.checks.graph_replay"],
-                            cwd=Path(__file__).parents[1], capture_output=True, text=True,
-                            env=env, timeout=600)
+    env = dict(
+        os.environ,
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+        + " --xla_gpu_enable_command_buffer=+CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.checks.graph_replay"],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "graph replay: ok" in result.stdout
 
@@ -125,7 +134,7 @@ def tied_group_rows(rng, rows, n, k, copies):
     for row in out:
         columns = rng.permutation(n)[: k - copies // 2 + copies]
         row[columns[: k - copies // 2]] = 10.0 + np.arange(k - copies // 2, dtype=np.float32) * 1e-3
-        row[columns[k - copies // 2:]] = 5.0
+        row[columns[k - copies // 2 :]] = 5.0
     return out
 
 
@@ -157,7 +166,9 @@ def test_filtered_candidates_past_shared_memory(rows):
     for sorted_ in (False, True):
         assert_same_on_both("topk_filtered", scores, lengths, k=512, sorted=sorted_)
     constant = np.full((rows, 12000), 1.0, np.float32)
-    assert_same_on_both("topk_filtered", constant, np.full(rows, 12000, np.int32), k=2048, sorted=True)
+    assert_same_on_both(
+        "topk_filtered", constant, np.full(rows, 12000, np.int32), k=2048, sorted=True
+    )
 
 
 def test_filtered_whole_rows_of_every_family():
@@ -180,8 +191,10 @@ def test_filtered_whole_rows_with_masked_rows():
     scores = rng.standard_normal((300, 20_000)).astype(np.float32)
     lengths = rng.integers(0, 20_001, size=300).astype(np.int32)
     for valid in (137, 0, 300):
-        out = assert_same_on_both("topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid))
-        assert (out[max(valid, 0):] == -1).all()
+        out = assert_same_on_both(
+            "topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid)
+        )
+        assert (out[max(valid, 0) :] == -1).all()
 
 
 # On an H200 (132 SMs) 6 x 100003 runs one block an SM (up to 192 KB of scores an SM), and

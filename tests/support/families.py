@@ -82,9 +82,22 @@ def near_ties(rng, shape, dtype):
     return from_bits(base + rng.integers(0, 4, size=shape, dtype=np.int64), dtype)
 
 
-FAMILIES = {f.__name__: f for f in (normal, heavy_ties, constant, all_neg_inf, signed_zeros,
-                                    nan_mix, denormals, infinities, random_bits, ascending,
-                                    near_ties)}
+FAMILIES = {
+    f.__name__: f
+    for f in (
+        normal,
+        heavy_ties,
+        constant,
+        all_neg_inf,
+        signed_zeros,
+        nan_mix,
+        denormals,
+        infinities,
+        random_bits,
+        ascending,
+        near_ties,
+    )
+}
 
 
 def make(family: str, rng, shape, dtype):
@@ -93,8 +106,7 @@ def make(family: str, rng, shape, dtype):
 
 def edge_lengths(k, n, rows, rng):
     """Lengths around every boundary: negative, 0, 1, k-1, k, k+1, n, beyond n."""
-    special = [-5, 0, 1, k - 1, k, k + 1, n, n + 7, np.iinfo(np.int32).max,
-               np.iinfo(np.int32).min]
+    special = [-5, 0, 1, k - 1, k, k + 1, n, n + 7, np.iinfo(np.int32).max, np.iinfo(np.int32).min]
     lengths = rng.integers(0, n + 1, size=rows)
-    lengths[:len(special)] = special[:rows]
+    lengths[: len(special)] = special[:rows]
     return lengths.astype(np.int32)

@@ -47,4 +47,6 @@ def run_op(op, backend, scores, lengths, **kwargs):
 
 def permuted_page_table(rng, table_rows, pages):
     """Each table row a random permutation of distinct physical pages."""
-    return np.stack([rng.permutation(pages * 4)[:pages] for _ in range(table_rows)]).astype(np.int32)
+    return np.stack([rng.permutation(pages * 4)[:pages] for _ in range(table_rows)]).astype(
+        np.int32
+    )
