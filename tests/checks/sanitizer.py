@@ -1,5 +1,6 @@
 """A representative call of each CUDA kernel, small enough to run under compute-sanitizer
-(`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu): checks the result against the CPU handler too."""
+(`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu): checks the result against
+the CPU handler too."""
 
 import jax
 import numpy as np
@@ -16,7 +17,8 @@ def _nan_and_zero_rows(rng, rows, n):
 
 
 def _periodic_rows(rng, rows, n):
-    """Rows whose every period-th value is 10 higher (or lower): some sample phases see only those."""
+    """Rows whose every period-th value is 10 higher (or lower): some sample phases see only
+    those."""
     scores = rng.standard_normal((rows, n), np.float32) * 0.01
     for r in range(rows):
         period = (2, 4, 16, 64, 256)[r % 5]

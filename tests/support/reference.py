@@ -1,5 +1,5 @@
-"""The contract of docs/contract.md sections 3-4 written plainly in NumPy: a full sort of each row by
-(ordered key descending, column ascending). Independent of the native code on purpose."""
+"""The contract of docs/contract.md sections 3-4 written plainly in NumPy: a full sort of each
+row by (ordered key descending, column ascending). Independent of the native code on purpose."""
 
 from __future__ import annotations
 
