@@ -1,7 +1,8 @@
 """Every JAX interface jax_topk uses that JAX does not document, in one place.
 
-Checked with jax 0.10.2 (the CPU build here) and jax 0.11.2 (the GPU machine); a jax that
-moves one of these breaks only this file. The documented interfaces (`jax.extend.core`,
+Checked with jax 0.10.2 and jax 0.12.0.1 (the CPU tests, each against an extension built
+with its own jaxlib); the GPU machine runs jax 0.11.2. A jax that moves one of these breaks
+only this file. The documented interfaces (`jax.extend.core`,
 `jax.interpreters.{ad,batching,mlir}`, `jax.ffi`, `custom_partitioning`) are used directly.
 """
 

@@ -32,11 +32,12 @@ _partitioned_call = custom_partitioning(_bind, static_argnums=(0,))
 def _row_axes(mesh, arg_shapes):
     """The mesh axes the rows are split over, or None to run replicated (rows not split,
     or not evenly)."""
-    sharding = Operands(*arg_shapes).scores.sharding
+    scores = Operands(*arg_shapes).scores
+    sharding = scores.sharding
     if not isinstance(sharding, NamedSharding) or not sharding.spec or sharding.spec[0] is None:
         return None
     axes = sharding.spec[0] if isinstance(sharding.spec[0], tuple) else (sharding.spec[0],)
-    rows = Operands(*arg_shapes).scores.shape[0]
+    rows = scores.shape[0]
     shards = math.prod(mesh.shape[a] for a in axes)
     return axes if rows > 0 and rows % shards == 0 else None
 
