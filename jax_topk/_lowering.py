@@ -1,10 +1,11 @@
 """The FFI custom call: target registration and per-platform lowering.
 
 `ffi_call_p` is the innermost primitive: it is bound only inside the (possibly
-partitioned) lowering of the public primitives, on 2-D operands, and lowers to the
-custom call `jax_topk_bf16` or `jax_topk_filtered`. On CUDA the filtered kernel also
-needs a device workspace: the lowering adds it as a second result of the custom call
-and drops it, so it never reaches the user and no host allocation happens per call.
+partitioned) lowering of the public primitives, on the 2-D `Operands`, and lowers to the
+custom call of the operator's FFI target (`_contract.OPERATORS`), with the attributes
+`Params.ffi_attributes()` names. On CUDA an operator that `needs_workspace` (the
+filtered kernel) also gets a device workspace: the lowering adds it as one more result of
+the custom call and drops it, so it never reaches the user and no host allocation happens per call.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import numpy as np
 from jax.extend import core
 from jax.interpreters import mlir
 
-from . import _jax_topk_cpu
-from ._checks import output_shape
-
-TARGETS = {"topk_bf16": "jax_topk_bf16", "topk_filtered": "jax_topk_filtered"}
+from . import _compat, _jax_topk_cpu
+from ._checks import shape_rule
+from ._contract import Operands, Params
 
 
 def _register(module, platform: str) -> None:
@@ -44,37 +44,34 @@ def filtered_workspace_bytes(rows: int, width: int, k: int) -> int:
 
 
 ffi_call_p = core.Primitive("jax_topk_ffi_call")
+ffi_call_p.multiple_results = True
+ffi_call_p.def_abstract_eval(shape_rule)
 
 
-ffi_call_p.def_abstract_eval(output_shape)
-
-
-def _attributes(k, log2_page_size, sorted, has_page_table, has_table_rows, has_num_valid_rows):
-    return dict(k=np.int32(k), log2_page_size=np.int32(log2_page_size), sorted=np.bool_(sorted),
-                has_page_table=np.bool_(has_page_table), has_table_rows=np.bool_(has_table_rows),
-                has_num_valid_rows=np.bool_(has_num_valid_rows))
-
-
-def _lowering(ctx, *operands, op, with_workspace, **params):
+def _lowering(ctx, *operands, params: Params, with_workspace: bool):
     if with_workspace:
-        rows, width = ctx.avals_in[0].shape
+        scores = Operands(*ctx.avals_in).scores
+        rows, width = scores.shape
         workspace = jax.core.ShapedArray(
-            (filtered_workspace_bytes(rows, width, params["k"]),), np.uint8)
-        ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
-    results = jax.ffi.ffi_lowering(TARGETS[op])(ctx, *operands, **_attributes(**params))
-    return results[:1]
+            (filtered_workspace_bytes(rows, width, params.k),), np.uint8
+        )
+        ctx = _compat.with_extra_results(ctx, [workspace])
+    target = jax.ffi.ffi_lowering(params.operator.target)
+    results = target(ctx, *operands, **params.ffi_attributes())
+    return results[: len(params.results)]  # the workspace, if any, is dropped
 
 
-def _cpu_lowering(ctx, *operands, op, **params):
-    return _lowering(ctx, *operands, op=op, with_workspace=False, **params)
+def _cpu_lowering(ctx, *operands, params: Params):
+    return _lowering(ctx, *operands, params=params, with_workspace=False)
 
 
-def _cuda_lowering(ctx, *operands, op, **params):
+def _cuda_lowering(ctx, *operands, params: Params):
     if not HAS_CUDA_EXTENSION:
         raise RuntimeError(
-            f"jax_topk.{op}: this build of jax_topk has no CUDA extension (no CUDA compiler was "
-            "found when it was built); reinstall with nvcc on the PATH, or run on the CPU")
-    return _lowering(ctx, *operands, op=op, with_workspace=op == "topk_filtered", **params)
+            f"jax_topk.{params.op}: this build of jax_topk has no CUDA extension (no CUDA compiler "
+            "was found when it was built); reinstall with nvcc on the PATH, or run on the CPU"
+        )
+    return _lowering(ctx, *operands, params=params, with_workspace=params.operator.needs_workspace)
 
 
 mlir.register_lowering(ffi_call_p, _cpu_lowering, platform="cpu")

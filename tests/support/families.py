@@ -1,6 +1,7 @@
 """Adversarial value families for checking exactness: rows built to break a top-k kernel
-(ties, signed zeros, NaN of both signs, denormals, infinities, raw bit patterns). Shared by
-the tests and the benchmark's correctness check."""
+(ties, signed zeros, NaN of both signs, denormals, infinities, raw bit patterns), and lengths
+at every boundary. Shared by the tests, the check scripts and the benchmark's correctness
+check."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 
 
-def _from_bits(bits, dtype):
+def from_bits(bits, dtype):
     if dtype == BF16:
         return bits.astype(np.uint16).view(BF16)
     return bits.astype(np.uint32).view(F32)
@@ -56,7 +57,7 @@ def denormals(rng, shape, dtype):
     mantissa_bits = 7 if width == 16 else 23
     bits = rng.integers(0, 1 << mantissa_bits, size=shape, dtype=np.int64)
     signs = rng.integers(0, 2, size=shape, dtype=np.int64) << (width - 1)
-    return _from_bits(bits | signs, dtype)
+    return from_bits(bits | signs, dtype)
 
 
 def infinities(rng, shape, dtype):
@@ -66,7 +67,7 @@ def infinities(rng, shape, dtype):
 
 def random_bits(rng, shape, dtype):
     width = _bit_width(dtype)
-    return _from_bits(rng.integers(0, 1 << width, size=shape, dtype=np.int64), dtype)
+    return from_bits(rng.integers(0, 1 << width, size=shape, dtype=np.int64), dtype)
 
 
 def ascending(rng, shape, dtype):
@@ -78,13 +79,34 @@ def near_ties(rng, shape, dtype):
     """Values one ulp apart: every radix digit but the last is shared."""
     width = _bit_width(dtype)
     base = 0x3F80 if width == 16 else 0x3F800000
-    return _from_bits(base + rng.integers(0, 4, size=shape, dtype=np.int64), dtype)
+    return from_bits(base + rng.integers(0, 4, size=shape, dtype=np.int64), dtype)
 
 
-FAMILIES = {f.__name__: f for f in (normal, heavy_ties, constant, all_neg_inf, signed_zeros,
-                                    nan_mix, denormals, infinities, random_bits, ascending,
-                                    near_ties)}
+FAMILIES = {
+    f.__name__: f
+    for f in (
+        normal,
+        heavy_ties,
+        constant,
+        all_neg_inf,
+        signed_zeros,
+        nan_mix,
+        denormals,
+        infinities,
+        random_bits,
+        ascending,
+        near_ties,
+    )
+}
 
 
 def make(family: str, rng, shape, dtype):
     return np.ascontiguousarray(FAMILIES[family](rng, shape, np.dtype(dtype)))
+
+
+def edge_lengths(k, n, rows, rng):
+    """Lengths around every boundary: negative, 0, 1, k-1, k, k+1, n, beyond n."""
+    special = [-5, 0, 1, k - 1, k, k + 1, n, n + 7, np.iinfo(np.int32).max, np.iinfo(np.int32).min]
+    lengths = rng.integers(0, n + 1, size=rows)
+    lengths[: len(special)] = special[:rows]
+    return lengths.astype(np.int32)
