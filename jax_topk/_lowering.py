@@ -3,9 +3,11 @@
 `ffi_call_p` is the innermost primitive: it is bound only inside the (possibly
 partitioned) lowering of the public primitives, on the 2-D `Operands`, and lowers to the
 custom call of the operator's FFI target (`_contract.OPERATORS`), with the attributes
-`Params.ffi_attributes()` names. On CUDA an operator that `needs_workspace` (the
-filtered kernel) also gets a device workspace: the lowering adds it as one more result of
-the custom call and drops it, so it never reaches the user and no host allocation happens per call.
+`Params.ffi_attributes()` names. Every handler binds two results, the indices and the
+values; a call that wants no values gets an empty placeholder in the second. On CUDA an
+operator that `needs_workspace` (the filtered kernel) also gets a device workspace. The
+lowering adds both as extra results of the custom call and drops them, so they never reach
+the user and no host allocation happens per call.
 """
 
 from __future__ import annotations
@@ -49,16 +51,20 @@ ffi_call_p.def_abstract_eval(shape_rule)
 
 
 def _lowering(ctx, *operands, params: Params, with_workspace: bool):
+    scores = Operands(*ctx.avals_in).scores
+    extra = []
+    if not params.with_values:  # the handlers always bind a values result: an empty one
+        extra.append(jax.core.ShapedArray((0,), scores.dtype))
     if with_workspace:
-        scores = Operands(*ctx.avals_in).scores
         rows, width = scores.shape
-        workspace = jax.core.ShapedArray(
-            (filtered_workspace_bytes(rows, width, params.k),), np.uint8
+        extra.append(
+            jax.core.ShapedArray((filtered_workspace_bytes(rows, width, params.k),), np.uint8)
         )
-        ctx = _compat.with_extra_results(ctx, [workspace])
+    if extra:
+        ctx = _compat.with_extra_results(ctx, extra)
     target = jax.ffi.ffi_lowering(params.operator.target)
     results = target(ctx, *operands, **params.ffi_attributes())
-    return results[: len(params.results)]  # the workspace, if any, is dropped
+    return results[: len(params.results)]  # the placeholder and workspace are dropped
 
 
 def _cpu_lowering(ctx, *operands, params: Params):
