@@ -148,8 +148,8 @@ __device__ __forceinline__ void LoadWords(const uint16_t* scores, uint32_t* word
 // `end`. Whole vectors where they lie before `end`; scalar loads for the vector that straddles it
 // (and everywhere when the row is only 2-byte aligned: kElemsPerLoad == 1).
 template <int kElemsPerThread, int kElemsPerLoad>
-__device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int first_column,
-                                              int end, uint32_t (&pairs)[kElemsPerThread / 2]) {
+__device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int first_column, int end,
+                                              uint32_t (&pairs)[kElemsPerThread / 2]) {
   constexpr int kElemsPerStep = kElemsPerLoad > 2 ? kElemsPerLoad : 2;
 #pragma unroll
   for (int step = 0; step < kElemsPerThread / kElemsPerStep; ++step) {
@@ -224,7 +224,8 @@ __device__ __forceinline__ void WarpFindBin(const int* histogram, bool high_slot
   const int slot = static_cast<int>(high_slots ? HighSlot(base) : base);
   const int4 first = *reinterpret_cast<const int4*>(histogram + slot);
   const int4 second = *reinterpret_cast<const int4*>(histogram + slot + 4);
-  const int counts[8] = {first.x, first.y, first.z, first.w, second.x, second.y, second.z, second.w};
+  const int counts[8] = {first.x,  first.y,  first.z,  first.w,
+                         second.x, second.y, second.z, second.w};
   int lane_count = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) lane_count += counts[i];
@@ -292,7 +293,8 @@ __device__ __forceinline__ void LoadRow(RowShared<kSortItemsPerThread>& shared,
     // column, so the passes and the compares below need no NaN test of their own.
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      const uint32_t nan_mask = __hneu2_mask(AsBf16x2(slice.pairs[pair]), AsBf16x2(slice.pairs[pair]));
+      const uint32_t nan_mask =
+          __hneu2_mask(AsBf16x2(slice.pairs[pair]), AsBf16x2(slice.pairs[pair]));
       slice.valid_bits &= ~(nan_mask & (0x00010001u << pair));
       slice.pairs[pair] = (slice.pairs[pair] & ~nan_mask) | (kFillPair & nan_mask);
     }
@@ -444,8 +446,8 @@ __device__ __forceinline__ Taken TakeWinners(RowShared<kSortItemsPerThread>& sha
   if (lane == 31) shared.warp_counts[warp] = inclusive;
   __syncthreads();
   const int lower_warp_count = lane < warp ? shared.warp_counts[lane] : 0;
-  const int before = static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) +
-                     inclusive - packed;
+  const int before =
+      static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) + inclusive - packed;
   const int greater_before = before >> 16;
   const int equal_before = before & 0xFFFF;
   const int position = greater_before + min(equal_before, pivot.quota);
@@ -501,10 +503,9 @@ __device__ __forceinline__ void StoreWinners(RowShared<kSortItemsPerThread>& sha
           : nullptr;
   if constexpr (!kSorted) {
     for (int slot = thread; slot < k; slot += kThreadsPerRow) {
-      row_out[slot] = slot < selected
-                          ? PageTransform(shared.staged.columns[slot], table_row,
-                                          problem.log2_page_size)
-                          : kEmptySlot;
+      row_out[slot] = slot < selected ? PageTransform(shared.staged.columns[slot], table_row,
+                                                      problem.log2_page_size)
+                                      : kEmptySlot;
     }
   } else {
     // Blocked arrangement = staged (ascending column) order, and the radix sort is stable, so
@@ -545,9 +546,9 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
     for (int slot = threadIdx.x; slot < k; slot += kThreadsPerRow) row_out[slot] = kEmptySlot;
     return;
   }
-  const int length = static_cast<int>(
-      problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
-                                 : problem.width);
+  const int length =
+      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
+                                                  : problem.width);
   RowSlice<kElemsPerThread> slice;
   LoadRow(shared, problem, row, length, slice);
   const int candidates = FindHighBin(shared, slice, length, k);

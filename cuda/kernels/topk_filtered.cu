@@ -64,11 +64,13 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   const int sm_pool = kBlocksPerSm * SmCount(device);
   const int pool = sm_pool < kMaxPoolBlocks ? sm_pool : kMaxPoolBlocks;
   const size_t shared_bytes = sizeof(SharedStorage);
-  status = cudaFuncSetAttribute(TopkFilteredKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(shared_bytes));
+  status =
+      cudaFuncSetAttribute(TopkFilteredKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared_bytes));
   if (status != cudaSuccess) return status;
-  status = cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                SpreadSharedBytes(device));
+  status =
+      cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           SpreadSharedBytes(device));
   if (status != cudaSuccess) return status;
 
   // Few rows: a cluster of blocks per row, if the workspace gives every part a useful slice (rows
@@ -111,7 +113,8 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   // that holds (and costs one 8-byte write, captured in a CUDA graph like the launch).
   status = cudaMemsetAsync(workspace, 0, kCounterBytes, stream);
   if (status != cudaSuccess) return status;
-  TopkFilteredKernel<false><<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes, stream>>>(launch);
+  TopkFilteredKernel<false>
+      <<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes, stream>>>(launch);
   return cudaGetLastError();
 }
 

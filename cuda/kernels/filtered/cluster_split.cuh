@@ -43,20 +43,22 @@ __device__ __forceinline__ void ClearHistogram(SharedStorage& s) {
 }
 
 // Starts a row of a split launch.
-__device__ __forceinline__ void StartJob(SharedStorage& s, const TopkProblem& problem, int64_t row) {
+__device__ __forceinline__ void StartJob(SharedStorage& s, const TopkProblem& problem,
+                                         int64_t row) {
   if (threadIdx.x == 0) PublishJob(s, row, RowLength(problem, row));
   __syncthreads();
 }
 
 // The first column of `part` (parts: the row's end); rounded down to 32 columns (bitmap words).
 __device__ __forceinline__ int PartBegin(int64_t length, int part, int parts) {
-  return part == parts ? static_cast<int>(length) : static_cast<int>((length * part / parts) & ~int64_t{31});
+  return part == parts ? static_cast<int>(length)
+                       : static_cast<int>((length * part / parts) & ~int64_t{31});
 }
 
 // Reads every part's kept count (after a cluster barrier): s.cluster's total, overflow and
 // part_offset (where each part's candidates go when merged).
-__device__ __forceinline__ void TallyCluster(SharedStorage& s, const cg::cluster_group& cluster, int parts,
-                                             int capacity) {
+__device__ __forceinline__ void TallyCluster(SharedStorage& s, const cg::cluster_group& cluster,
+                                             int parts, int capacity) {
   if (threadIdx.x < kWarpSize) {
     const int lane = threadIdx.x;
     const int kept = lane < parts ? *cluster.map_shared_rank(&s.kept, lane) : 0;
@@ -81,7 +83,8 @@ __device__ __forceinline__ void PublishSuperBins(SharedStorage& s) {
 }
 
 // Adds part q's count to a cluster-wide and, for parts before this one, an earlier-parts tally.
-__device__ __forceinline__ void AddPartCount(uint32_t* sum, uint32_t* before, int q, int part, uint32_t count) {
+__device__ __forceinline__ void AddPartCount(uint32_t* sum, uint32_t* before, int q, int part,
+                                             uint32_t count) {
   if (count == 0) return;
   atomicAdd(sum, count);
   if (q < part) atomicAdd(before, count);
@@ -91,8 +94,8 @@ __device__ __forceinline__ void AddPartCount(uint32_t* sum, uint32_t* before, in
 // after a cluster barrier that follows every part's PublishSuperBins): s.cluster's kth_bin,
 // own_above and above_before. The super-bins of every part first, then the 32 bins of the one
 // holding the rank, each part's kept in s.cluster.bins_of_part.
-__device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::cluster_group& cluster, int parts,
-                                                int part, uint32_t rank) {
+__device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::cluster_group& cluster,
+                                                int parts, int part, uint32_t rank) {
   static_assert(kSuperBins * kMaxClusterParts <= 2 * kThreadsPerBlock, "two super-bins a thread");
   static_assert(kWarpSize * kMaxClusterParts <= kThreadsPerBlock, "one bin a thread");
   const int lane = threadIdx.x % kWarpSize;
@@ -102,13 +105,14 @@ __device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::clus
   for (int i = 0; i < 2; ++i) {  // both loads first
     const int item = threadIdx.x + kThreadsPerBlock * i;
     counts[i] = item < kSuperBins * parts
-                    ? cluster.map_shared_rank(s.cluster.super, item / kSuperBins)[item % kSuperBins] : 0u;
+                    ? cluster.map_shared_rank(s.cluster.super, item / kSuperBins)[item % kSuperBins]
+                    : 0u;
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int item = threadIdx.x + kThreadsPerBlock * i;
-    AddPartCount(&s.cluster.super_sum[item % kSuperBins], &s.cluster.super_before[item % kSuperBins],
-                 item / kSuperBins, part, counts[i]);
+    AddPartCount(&s.cluster.super_sum[item % kSuperBins],
+                 &s.cluster.super_before[item % kSuperBins], item / kSuperBins, part, counts[i]);
   }
   __syncthreads();
   // One warp finds the super-bin, two a lane, the top ones first.
@@ -116,19 +120,23 @@ __device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::clus
     const int high = kSuperBins - 1 - 2 * lane;
     const uint32_t in_high = s.cluster.super_sum[high];
     const uint32_t in_pair = in_high + s.cluster.super_sum[high - 1];
-    const uint32_t above_pair = static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(in_pair))) - in_pair;
+    const uint32_t above_pair =
+        static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(in_pair))) - in_pair;
     const bool holds = above_pair < rank && rank <= above_pair + in_pair;
     const int holder = __ffs(__ballot_sync(kFullMask, holds)) - 1;
     const bool in_high_bin = __shfl_sync(kFullMask, above_pair + in_high, holder) >= rank;
     const int super = kSuperBins - 1 - 2 * holder - (in_high_bin ? 0 : 1);
-    const uint32_t above = __shfl_sync(kFullMask, in_high_bin ? above_pair : above_pair + in_high, holder);
+    const uint32_t above =
+        __shfl_sync(kFullMask, in_high_bin ? above_pair : above_pair + in_high, holder);
     // The earlier parts' and this part's candidates in the super-bins above it.
     const bool high_above = high > super;
     const bool low_above = high - 1 > super;
-    const uint32_t before = __reduce_add_sync(kFullMask, (high_above ? s.cluster.super_before[high] : 0u) +
-                                                             (low_above ? s.cluster.super_before[high - 1] : 0u));
-    const uint32_t own = __reduce_add_sync(kFullMask, (high_above ? s.cluster.super[high] : 0u) +
-                                                          (low_above ? s.cluster.super[high - 1] : 0u));
+    const uint32_t before =
+        __reduce_add_sync(kFullMask, (high_above ? s.cluster.super_before[high] : 0u) +
+                                         (low_above ? s.cluster.super_before[high - 1] : 0u));
+    const uint32_t own =
+        __reduce_add_sync(kFullMask, (high_above ? s.cluster.super[high] : 0u) +
+                                         (low_above ? s.cluster.super[high - 1] : 0u));
     if (lane == 0) {  // kth_bin holds the super-bin until the bin is found below
       s.cluster.kth_bin = {static_cast<uint32_t>(super), above, 0};
       s.cluster.above_before = before;
@@ -139,7 +147,8 @@ __device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::clus
   const int super = static_cast<int>(s.cluster.kth_bin.bin);
   if (threadIdx.x < kWarpSize * parts) {  // part q's bin of the super-bin, top first
     const int q = threadIdx.x / kWarpSize;
-    s.cluster.bins_of_part[q][lane] = cluster.map_shared_rank(s.hist, q)[super * kWarpSize + kWarpSize - 1 - lane];
+    s.cluster.bins_of_part[q][lane] =
+        cluster.map_shared_rank(s.hist, q)[super * kWarpSize + kWarpSize - 1 - lane];
   }
   __syncthreads();
   if (first_warp) {  // lane l: the super-bin's l-th bin from the top
@@ -152,8 +161,10 @@ __device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::clus
     }
     const uint32_t own = s.cluster.bins_of_part[part][lane];
     const uint32_t remaining = rank - s.cluster.kth_bin.above;  // in [1, the super-bin's count]
-    const uint32_t above = static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(in_bin))) - in_bin;
-    const int holder = __ffs(__ballot_sync(kFullMask, above < remaining && remaining <= above + in_bin)) - 1;
+    const uint32_t above =
+        static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(in_bin))) - in_bin;
+    const int holder =
+        __ffs(__ballot_sync(kFullMask, above < remaining && remaining <= above + in_bin)) - 1;
     const bool bin_above = lane < holder;
     const uint32_t before_above = __reduce_add_sync(kFullMask, bin_above ? before : 0u);
     const uint32_t own_above = __reduce_add_sync(kFullMask, bin_above ? own : 0u);
@@ -170,31 +181,36 @@ __device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::clus
 // One warp ranks the members of s.cluster.kth_bin in every part (at most a warp's worth):
 // s.cluster gets the k-th key, the last column of it that wins, and how many winning members lie
 // in the parts before this one and in this one. Columns are distinct, so ties order strictly.
-__device__ __forceinline__ void RankClusterBoundary(SharedStorage& s, const cg::cluster_group& cluster, int parts,
+__device__ __forceinline__ void RankClusterBoundary(SharedStorage& s,
+                                                    const cg::cluster_group& cluster, int parts,
                                                     int part, int k) {
   const int group = static_cast<int>(s.cluster.kth_bin.count);
   const int remaining = k - static_cast<int>(s.cluster.kth_bin.above);
   if (threadIdx.x >= kWarpSize) return;
   const int lane = threadIdx.x;
-  const int slot = kWarpSize - 1 - static_cast<int>(s.cluster.kth_bin.bin % kWarpSize);  // see FindClusterRank
+  // The bin's slot in bins_of_part (see FindClusterRank).
+  const int slot = kWarpSize - 1 - static_cast<int>(s.cluster.kth_bin.bin % kWarpSize);
   const int count = lane < parts ? static_cast<int>(s.cluster.bins_of_part[lane][slot]) : 0;
   const int first = WarpInclusiveSum(count) - count;  // lane q: part q's first member
   int holder = 0;                                     // the part holding member `lane`
   for (int q = 1; q < parts; ++q) holder = __shfl_sync(kFullMask, first, q) <= lane ? q : holder;
   const int holder_first = __shfl_sync(kFullMask, first, holder);
   uint2 member = make_uint2(0, 0);
-  if (lane < group) member = cluster.map_shared_rank(s.cluster.boundary, holder)[lane - holder_first];
+  if (lane < group)
+    member = cluster.map_shared_rank(s.cluster.boundary, holder)[lane - holder_first];
   const uint32_t key = lane < group ? OrderedKeyF32(member.x) : 0u;
   const WarpRank r = RankInWarp<true>(key, member.y, group);
   const int equal_before = r.equal_before;  // members of this key at lower columns
   const bool holds_rank = lane < group && r.greater < remaining && remaining <= r.greater + r.equal;
-  const int kth_lane = __ffs(__ballot_sync(kFullMask, holds_rank)) - 1;  // remaining is in [1, group]
+  // remaining is in [1, group]: some lane holds it.
+  const int kth_lane = __ffs(__ballot_sync(kFullMask, holds_rank)) - 1;
   const uint32_t kth_key = __shfl_sync(kFullMask, key, kth_lane);
   const int quota = remaining - __shfl_sync(kFullMask, r.greater, kth_lane);
   const bool all_ties_win = quota == __shfl_sync(kFullMask, r.equal, kth_lane);
   const bool wins = lane < group && (key > kth_key || (key == kth_key && equal_before < quota));
   const bool last_tie = lane < group && key == kth_key && equal_before == quota - 1;
-  const uint32_t last_tie_col = __shfl_sync(kFullMask, member.y, __ffs(__ballot_sync(kFullMask, last_tie)) - 1);
+  const uint32_t last_tie_col =
+      __shfl_sync(kFullMask, member.y, __ffs(__ballot_sync(kFullMask, last_tie)) - 1);
   const uint32_t wins_before = __ballot_sync(kFullMask, wins && holder < part);
   const uint32_t wins_mine = __ballot_sync(kFullMask, wins && holder == part);
   if (lane == 0) {
@@ -208,11 +224,14 @@ __device__ __forceinline__ void RankClusterBoundary(SharedStorage& s, const cg::
 // The row settled: s.cluster.kth_bin, the k-th key's bin over the cluster, holds at most a warp's
 // worth of candidates. Ranks them and writes this part's winners after the earlier parts'.
 __device__ __forceinline__ void FinishSettledRow(SharedStorage& s, const FilteredLaunch& launch,
-                                                 const cg::cluster_group& cluster, int parts, int part, int begin,
-                                                 int end, const CandidateSource& mine, const RelativeBins& bins) {
+                                                 const cg::cluster_group& cluster, int parts,
+                                                 int part, int begin, int end,
+                                                 const CandidateSource& mine,
+                                                 const RelativeBins& bins) {
   const uint32_t kth_bin = s.cluster.kth_bin.bin;
   CompactCandidates(
-      mine, &s.cluster.boundary_count, [&](uint32_t bits, int32_t) { return bins(OrderedKeyF32(bits)) == kth_bin; },
+      mine, &s.cluster.boundary_count,
+      [&](uint32_t bits, int32_t) { return bins(OrderedKeyF32(bits)) == kth_bin; },
       [&](int position, uint2 c) { s.cluster.boundary[position] = c; });  // position < kWarpSize
   cluster.sync();  // members published; no part reads another's histogram any more
   ClearHistogram(s);
@@ -244,7 +263,8 @@ __device__ __forceinline__ int PartHolding(const SharedStorage& s, uint32_t entr
 }
 
 // Part 0 copies the other parts' candidates (all in their shared memory) after its own.
-__device__ __forceinline__ void MergeIntoPartZero(SharedStorage& s, const cg::cluster_group& cluster, int parts) {
+__device__ __forceinline__ void MergeIntoPartZero(SharedStorage& s,
+                                                  const cg::cluster_group& cluster, int parts) {
   constexpr int kBatch = 8;  // remote loads a thread has in flight
   const uint32_t total = s.cluster.total;
   for (uint32_t base = s.cluster.part_offset[1]; base < total; base += kBatch * kThreadsPerBlock) {
@@ -254,7 +274,8 @@ __device__ __forceinline__ void MergeIntoPartZero(SharedStorage& s, const cg::cl
       const uint32_t entry = base + kThreadsPerBlock * i + threadIdx.x;
       if (entry < total) {
         const int holder = PartHolding(s, entry, parts);
-        entries[i] = cluster.map_shared_rank(s.candidates, holder)[entry - s.cluster.part_offset[holder]];
+        entries[i] =
+            cluster.map_shared_rank(s.candidates, holder)[entry - s.cluster.part_offset[holder]];
       }
     }
 #pragma unroll
@@ -291,8 +312,10 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     cutoff = RouteCutoff(s.job, route);
     const int kept = FilterColumns(s, row, begin, end, KeepThreshold(cutoff), sink);
     if (threadIdx.x == 0) s.cluster.boundary_count = 0;
-    if (threadIdx.x < kSuperBins) s.cluster.super_sum[threadIdx.x] = s.cluster.super_before[threadIdx.x] = 0;
-    const CandidateSource mine{s.candidates, sink.shared_capacity, sink.global, min(kept, sink.Capacity())};
+    if (threadIdx.x < kSuperBins)
+      s.cluster.super_sum[threadIdx.x] = s.cluster.super_before[threadIdx.x] = 0;
+    const CandidateSource mine{s.candidates, sink.shared_capacity, sink.global,
+                               min(kept, sink.Capacity())};
     // Sorted results are ordered by key over the whole row: part 0 does that (below).
     const bool relative = !problem.sorted && RelativeBins::Usable(cutoff, s.sample_largest);
     const RelativeBins bins(cutoff, relative ? s.sample_largest : cutoff);
@@ -302,7 +325,8 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     }
     cluster.sync();  // kept counts and histograms published
     TallyCluster(s, cluster, parts, sink.Capacity());
-    short_of_k = !s.cluster.overflow && s.cluster.total < static_cast<uint32_t>(problem.k) && !KeepsAll(cutoff);
+    short_of_k = !s.cluster.overflow && s.cluster.total < static_cast<uint32_t>(problem.k) &&
+                 !KeepsAll(cutoff);
     if (relative && !s.cluster.overflow && s.cluster.total >= static_cast<uint32_t>(problem.k)) {
       FindClusterRank(s, cluster, parts, part, static_cast<uint32_t>(problem.k));
       if (RelativeBins::Settles(s.cluster.kth_bin)) {
@@ -314,7 +338,9 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     ClearHistogram(s);
     __syncthreads();  // the histogram is zero before its next use
     // Short of k: every part re-reads its columns with the deeper cutoff, once.
-    if (!short_of_k || route == Route::kSecondary || s.job.cutoffs.secondary == s.job.cutoffs.primary) break;
+    if (!short_of_k || route == Route::kSecondary ||
+        s.job.cutoffs.secondary == s.job.cutoffs.primary)
+      break;
   }
   // Not settled by the cluster: part 0 selects over the cluster's candidates, merged into its
   // shared memory when they fit and certify the row; else it re-reads the row with the same

@@ -43,7 +43,9 @@ __device__ __forceinline__ float KeepThreshold(uint32_t cutoff) {
   if (cutoff >= kPlusInfKey) return __uint_as_float(0x7F800000u);
   return __uint_as_float(BitsFromOrderedKeyF32(cutoff));
 }
-__device__ __forceinline__ bool KeepsAll(uint32_t cutoff) { return cutoff <= OrderedKeyF32(0xFF800000u); }
+__device__ __forceinline__ bool KeepsAll(uint32_t cutoff) {
+  return cutoff <= OrderedKeyF32(0xFF800000u);
+}
 
 // values[i] for a runtime i, by a tree of selects over the bits of i (halving the candidates per
 // bit): a dynamic index into a register array would put the array in local memory.
@@ -67,7 +69,8 @@ __device__ __forceinline__ float SelectItem(const float (&values)[kItems], int i
 // instructions per hit, and nothing past the vote when the warp has none.
 template <int kItems>
 __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
-                                           const float (&values)[kItems], uint32_t first_col, float threshold) {
+                                           const float (&values)[kItems], uint32_t first_col,
+                                           float threshold) {
   static_assert(kItems <= 32, "one bit per item");
   uint32_t hits = 0;
 #pragma unroll
@@ -102,7 +105,8 @@ __device__ __forceinline__ void FilterTile(SharedStorage& s, const float* row, i
   float values[kFilterChunks * kChunkElems];
 #pragma unroll
   for (int c = 0; c < kFilterChunks; ++c) {
-    const float4 chunk = LoadChunk<kBounded>(at + kChunkStride * c, int64_t{end} - first - kChunkStride * c);
+    const float4 chunk =
+        LoadChunk<kBounded>(at + kChunkStride * c, int64_t{end} - first - kChunkStride * c);
     values[kChunkElems * c + 0] = chunk.x;
     values[kChunkElems * c + 1] = chunk.y;
     values[kChunkElems * c + 2] = chunk.z;
@@ -120,7 +124,8 @@ __device__ __forceinline__ int FilterColumns(SharedStorage& s, const float* row,
   const int aligned = AlignedColumn(row, begin, end);
   if (aligned > begin && threadIdx.x < kWarpSize) {  // the scalar head, one column per lane
     const int offset = static_cast<int>(threadIdx.x);
-    const float head[1] = {offset < aligned - begin ? __ldcs(row + begin + offset) : __uint_as_float(kNanBits)};
+    const float head[1] = {offset < aligned - begin ? __ldcs(row + begin + offset)
+                                                    : __uint_as_float(kNanBits)};
     AppendHits(s, sink, head, static_cast<uint32_t>(begin) + offset, threshold);
   }
   int tile = aligned;

@@ -11,7 +11,8 @@
 namespace jax_topk {
 namespace {
 
-constexpr int kMaxPoolBlocks = 480;  // a bound on the queue's pool (its slices shrink past kFilteredWorkerSlots)
+// A bound on the queue's pool (its slices shrink past kFilteredWorkerSlots).
+constexpr int kMaxPoolBlocks = 480;
 // The cluster size every sm_90 device launches; up to kMaxClusterParts needs the non-portable size.
 constexpr int kPortableClusterParts = 8;
 constexpr int kMinSplitSliceEntries = 1024;  // below this a split part would overflow too often
@@ -36,7 +37,8 @@ int SmCount(int device) {
   static int cache[kMaxCachedDevices] = {};
   return CachedPerDevice(cache, device, [&] {
     int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0) {
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        count <= 0) {
       count = 1;  // still exact: a pool of kBlocksPerSm workers
     }
     return count;
@@ -57,9 +59,11 @@ WorkspacePlan PlanWorkspace(int64_t rows, int parts, int pool, size_t workspace_
   WorkspacePlan plan;
   plan.parts = parts;
   plan.grid = parts > 1 ? rows * parts : (rows < pool ? rows : pool);
-  const size_t free_bytes = workspace_bytes > kFilteredHeaderBytes ? workspace_bytes - kFilteredHeaderBytes : 0;
+  const size_t free_bytes =
+      workspace_bytes > kFilteredHeaderBytes ? workspace_bytes - kFilteredHeaderBytes : 0;
   const size_t entries = free_bytes / (plan.grid * sizeof(uint2));
-  plan.slice_entries = static_cast<int>(entries < kFilteredSliceEntries ? entries : kFilteredSliceEntries);
+  plan.slice_entries =
+      static_cast<int>(entries < kFilteredSliceEntries ? entries : kFilteredSliceEntries);
   return plan;
 }
 
@@ -88,8 +92,10 @@ int SpreadSharedBytes(int device) {
     int per_sm = 0;
     int per_block = 0;
     const int own = static_cast<int>(sizeof(SharedStorage));
-    if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
       cudaGetLastError();
       return own;
     }
@@ -125,7 +131,8 @@ int MaxSplitParts(const void* split_kernel, int device) {
   static int cache[kMaxCachedDevices] = {};
   return CachedPerDevice(cache, device, [&] {
     int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        major < 9) {
       return 1;
     }
     if (cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=

@@ -49,8 +49,12 @@ constexpr int kFrontierCapacity = 8192;
 constexpr int kDigitBins = 2048;
 constexpr int kBinsPerThread = kDigitBins / kThreadsPerBlock;
 constexpr int kNumDigits = 3;
-__host__ __device__ constexpr int DigitShift(int digit) { return digit == 0 ? 21 : (digit == 1 ? 10 : 0); }
-__host__ __device__ constexpr uint32_t DigitMask(int digit) { return digit == 2 ? 0x3FFu : 0x7FFu; }
+__host__ __device__ constexpr int DigitShift(int digit) {
+  return digit == 0 ? 21 : (digit == 1 ? 10 : 0);
+}
+__host__ __device__ constexpr uint32_t DigitMask(int digit) {
+  return digit == 2 ? 0x3FFu : 0x7FFu;
+}
 
 // The sample: whole 128-byte lines (one per warp load), at most kSampleLines of them, taken every
 // `stride` lines with stride >= kMinSampleStride. The primary cutoff keeps ~kRetention * k expected
@@ -75,8 +79,8 @@ constexpr int kPrefetchAhead = 2 * kFilterTile;
 static_assert(kPrefetchAhead <= kPrefetchLineElems * kThreadsPerBlock, "one line per thread");
 
 // Unsorted results of rows up to kBitmapColumns are put in column order through a bitmap of the
-// row (one bit per column, up to kBitmapWordsPerThread words per thread). Measured (benches/NOTES.md,
-// filtered step 6): faster than the block radix sort up to 262144 columns.
+// row (one bit per column, up to kBitmapWordsPerThread words per thread). Measured
+// (benches/NOTES.md, filtered step 6): faster than the block radix sort up to 262144 columns.
 constexpr int kBitmapWordsPerThread = 16;
 constexpr int kBitmapColumns = kBitmapWordsPerThread * 32 * kThreadsPerBlock;
 
@@ -122,7 +126,7 @@ struct ClusterState {
   uint32_t super[kSuperBins];  // this part's candidates per super-bin (read by the others)
   uint2 boundary[kWarpSize];   // this part's candidates in the k-th key's bin (read by the others)
   int boundary_count;
-  uint32_t super_sum[kSuperBins];     // the cluster's super-bins (all parts, and earlier parts)
+  uint32_t super_sum[kSuperBins];  // the cluster's super-bins (all parts, and earlier parts)
   uint32_t super_before[kSuperBins];
   uint32_t bins_of_part[kMaxClusterParts][kWarpSize];  // every part's bins of the rank's super-bin
   uint32_t part_offset[kMaxClusterParts];  // where each part's candidates go when merged
@@ -149,7 +153,7 @@ struct SharedStorage {
     RankSort::TempStorage rank_sort;
     uint32_t bitmap[kBitmapColumns / 32];  // the winners' columns (unsorted rows or split parts)
   } work;
-  uint32_t hist[kDigitBins];  // all zero between uses
+  uint32_t hist[kDigitBins];           // all zero between uses
   uint32_t warp_sums[kWarpsPerBlock];  // BlockExclusiveSum's per-warp totals
   BinFound found[2];
   int kept;  // append counters; kept is read by the other blocks of a split row's cluster
@@ -157,7 +161,7 @@ struct SharedStorage {
   int selected_count;
   RowJob job;
   uint32_t sample_largest;  // the largest sampled key of the job's row (0: none)
-  union {  // a launch's mode: one or the other, never both
+  union {                   // a launch's mode: one or the other, never both
     QueueState queue;
     ClusterState cluster;
   };

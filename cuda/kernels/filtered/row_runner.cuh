@@ -44,15 +44,16 @@ __device__ __forceinline__ void PublishJob(SharedStorage& s, int64_t row, int le
 }
 
 // The job's row of scores.
-__device__ __forceinline__ const float* JobScores(const SharedStorage& s, const TopkProblem& problem) {
+__device__ __forceinline__ const float* JobScores(const SharedStorage& s,
+                                                  const TopkProblem& problem) {
   return static_cast<const float*>(problem.scores) + s.job.row * problem.width;
 }
 
 // The job's cutoffs; also pulls the start of columns [begin, end) into L2.
-__device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkProblem& problem, int rank_slack,
-                                                 int begin, int end) {
-  const Cutoffs cutoffs =
-      SampleCutoffs(s, JobScores(s, problem), s.job.length, s.job.row, problem.k, rank_slack, begin, end);
+__device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkProblem& problem,
+                                                 int rank_slack, int begin, int end) {
+  const Cutoffs cutoffs = SampleCutoffs(s, JobScores(s, problem), s.job.length, s.job.row,
+                                        problem.k, rank_slack, begin, end);
   if (threadIdx.x == 0) s.job.cutoffs = cutoffs;
   __syncthreads();
 }
@@ -78,29 +79,33 @@ __device__ __forceinline__ uint32_t RouteCutoff(const RowJob& job, Route route) 
 }
 
 // Where the job's winners go: ordered through s.work.bitmap or through s.work.selected.
-__device__ __forceinline__ WinnersTo JobWinnersTo(const SharedStorage& s, const TopkProblem& problem) {
+__device__ __forceinline__ WinnersTo JobWinnersTo(const SharedStorage& s,
+                                                  const TopkProblem& problem) {
   return OrdersByBitmap(s, problem) ? WinnersTo::kBitmap : WinnersTo::kSelected;
 }
 
 // The job's top-k over `kept` candidates of `cutoff`, put in `keep` (s.candidates, then the
 // slice) by this block or merged into s.candidates by a split row's cluster.
-__device__ __forceinline__ int SelectKept(SharedStorage& s, const CandidateSink& keep, int k, uint32_t cutoff,
-                                          int kept, WinnersTo to) {
+__device__ __forceinline__ int SelectKept(SharedStorage& s, const CandidateSink& keep, int k,
+                                          uint32_t cutoff, int kept, WinnersTo to) {
   const CandidateSource candidates{s.candidates, keep.shared_capacity, keep.global, kept};
-  const Selection selection = SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, s.sample_largest);
+  const Selection selection =
+      SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, s.sample_largest);
   return PutWinners(s, candidates, selection, to, s.job.length);
 }
 
 // Selects the job's row (see selection.cuh) by the routes from `route` on: each band filters the
 // row into shared memory, then the slice, and is taken when it holds k (or keeps everything).
-__device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaunch& launch, Route route) {
+__device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaunch& launch,
+                                            Route route) {
   const int k = launch.problem.k;
   const float* row = JobScores(s, launch.problem);
   const CandidateSink keep{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
   const WinnersTo to = JobWinnersTo(s, launch.problem);
   for (; route < Route::kExact; route = NextRoute(route)) {
     const uint32_t cutoff = RouteCutoff(s.job, route);
-    if (route == Route::kSecondary && cutoff == s.job.cutoffs.primary) break;  // same band: known short
+    if (route == Route::kSecondary && cutoff == s.job.cutoffs.primary)
+      break;  // same band: known short
     const int kept = FilterColumns(s, row, 0, s.job.length, KeepThreshold(cutoff), keep);
     if (kept > keep.Capacity()) break;  // overflow: the exact route re-reads the row
     if (kept >= k || KeepsAll(cutoff)) return SelectKept(s, keep, k, cutoff, kept, to);
@@ -120,8 +125,8 @@ __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& pr
 // rows take different ones: layout.cuh), and while_sampled(), which runs after the sample (and
 // for an empty row) so that work of the caller's (the queue's next claim) hides behind the pass.
 template <class WhileSampled>
-__device__ __forceinline__ void RunRow(SharedStorage& s, const FilteredLaunch& launch, int rank_slack,
-                                       const WhileSampled& while_sampled) {
+__device__ __forceinline__ void RunRow(SharedStorage& s, const FilteredLaunch& launch,
+                                       int rank_slack, const WhileSampled& while_sampled) {
   int m = 0;
   if (s.job.length > 0) {
     SampleJobCutoffs(s, launch.problem, rank_slack, 0, s.job.length);

@@ -20,7 +20,8 @@ __device__ __forceinline__ SampleSource LoadSample(const float* row, int length,
   const int lines = length / kSampleLineElems + (length % kSampleLineElems != 0);
   const int wanted_stride = lines / kSampleLines + (lines % kSampleLines != 0);
   const int stride = wanted_stride > kMinSampleStride ? wanted_stride : kMinSampleStride;
-  const int phase = static_cast<int>(row_index % stride);  // consecutive rows sample different lines
+  // Consecutive rows sample different lines.
+  const int phase = static_cast<int>(row_index % stride);
   const int sampled_lines = (lines - phase - 1) / stride + 1;  // lines > phase: length > 8 lines
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
@@ -28,8 +29,10 @@ __device__ __forceinline__ SampleSource LoadSample(const float* row, int length,
 #pragma unroll
   for (int j = 0; j < kSampleLinesPerWarp; ++j) {
     const int line = warp + kWarpsPerBlock * j;
-    const int64_t col = int64_t{phase + line * stride} * kSampleLineElems + lane;  // line * stride < lines
-    sample.values[j] = line < sampled_lines && col < length ? __ldg(row + col) : __uint_as_float(kNanBits);
+    // line * stride < lines.
+    const int64_t col = int64_t{phase + line * stride} * kSampleLineElems + lane;
+    sample.values[j] =
+        line < sampled_lines && col < length ? __ldg(row + col) : __uint_as_float(kNanBits);
   }
   positions = sampled_lines * kSampleLineElems;
   return sample;
@@ -39,8 +42,8 @@ __device__ __forceinline__ SampleSource LoadSample(const float* row, int length,
 // the sample's loads so that these are not queued after the prefetches, and records the sample's
 // largest key in s.sample_largest (zeroed when the job started).
 __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* row, int length,
-                                                 int64_t row_index, int k, int rank_slack, int prefetch_begin,
-                                                 int prefetch_end) {
+                                                 int64_t row_index, int k, int rank_slack,
+                                                 int prefetch_begin, int prefetch_end) {
   if (length <= kSharedCandidates) {  // short rows are kept whole
     PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead);
     return {0, 0};

@@ -42,7 +42,8 @@ __device__ __forceinline__ void AddToHistogram(uint32_t* hist, uint32_t digit, b
   const int leader = __ffs(voters) - 1;
   const uint32_t leader_digit = __shfl_sync(kFullMask, digit, leader);
   if (__all_sync(kFullMask, !counted || digit == leader_digit)) {
-    if (static_cast<int>(threadIdx.x % kWarpSize) == leader) atomicAdd(&hist[leader_digit], __popc(voters));
+    if (static_cast<int>(threadIdx.x % kWarpSize) == leader)
+      atomicAdd(&hist[leader_digit], __popc(voters));
   } else if (counted) {
     atomicAdd(&hist[digit], 1u);
   }
@@ -64,8 +65,9 @@ __device__ __forceinline__ int WarpReserve(int* counter, bool want) {
 
 // Histogram of digit `digit` of the projected values whose higher digits equal `prefix`.
 template <class Source, class Project>
-__device__ __forceinline__ void DigitHistogram(SharedStorage& s, const Source& source, const Project& project,
-                                               uint32_t prefix, uint32_t prefix_mask, int digit) {
+__device__ __forceinline__ void DigitHistogram(SharedStorage& s, const Source& source,
+                                               const Project& project, uint32_t prefix,
+                                               uint32_t prefix_mask, int digit) {
   const int shift = DigitShift(digit);
   const uint32_t digit_mask = DigitMask(digit);
   source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
@@ -92,7 +94,8 @@ __device__ __forceinline__ int BinOf(int j) {
   return kDigitBins - 1 - (static_cast<int>(threadIdx.x) * kBinsPerThread + j);
 }
 // The search over a histogram held as each thread's counts of its bins (BinOf).
-__device__ __forceinline__ BinSearch SearchBins(SharedStorage& s, const uint32_t (&counts)[kBinsPerThread],
+__device__ __forceinline__ BinSearch SearchBins(SharedStorage& s,
+                                                const uint32_t (&counts)[kBinsPerThread],
                                                 uint32_t rank_a, uint32_t rank_b) {
   uint32_t mine = 0;
 #pragma unroll
@@ -125,8 +128,8 @@ __device__ __forceinline__ BinSearch FindBins(SharedStorage& s, uint32_t rank_a,
 // its warp, and one atomic per warp and batch reserves the warp's places (no scan, no re-read).
 // Every thread of the block calls it.
 template <class Keep, class Put>
-__device__ __forceinline__ void CompactCandidates(const CandidateSource& source, int* counter, const Keep& keep,
-                                                  const Put& put) {
+__device__ __forceinline__ void CompactCandidates(const CandidateSource& source, int* counter,
+                                                  const Keep& keep, const Put& put) {
   constexpr int kBatch = 8;
   const int lane = threadIdx.x % kWarpSize;
   const uint32_t lanes_below = (1u << lane) - 1u;
@@ -134,7 +137,8 @@ __device__ __forceinline__ void CompactCandidates(const CandidateSource& source,
     uint2 c[kBatch];
     uint32_t ballots[kBatch];
     int warp_total = 0;
-    if (base + kBatch * kThreadsPerBlock <= source.shared_capacity) {  // block-uniform, the usual case
+    // Block-uniform, the usual case.
+    if (base + kBatch * kThreadsPerBlock <= source.shared_capacity) {
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {  // all loads first, with no branch to the slice
         const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
@@ -150,7 +154,8 @@ __device__ __forceinline__ void CompactCandidates(const CandidateSource& source,
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
-      ballots[i] = __ballot_sync(kFullMask, entry < source.count && keep(c[i].x, static_cast<int32_t>(c[i].y)));
+      ballots[i] = __ballot_sync(
+          kFullMask, entry < source.count && keep(c[i].x, static_cast<int32_t>(c[i].y)));
       warp_total += __popc(ballots[i]);
     }
     int warp_base = 0;
@@ -167,8 +172,10 @@ __device__ __forceinline__ void CompactCandidates(const CandidateSource& source,
 // Puts value(bits, col) of the candidates that are members into the frontier (frontier_count
 // of them).
 template <class Member, class Value>
-__device__ __forceinline__ void CompactCandidatesToFrontier(SharedStorage& s, const CandidateSource& source,
-                                                            const Member& member, const Value& value) {
+__device__ __forceinline__ void CompactCandidatesToFrontier(SharedStorage& s,
+                                                            const CandidateSource& source,
+                                                            const Member& member,
+                                                            const Value& value) {
   if (threadIdx.x == 0) s.frontier_count = 0;
   __syncthreads();
   CompactCandidates(source, &s.frontier_count, member, [&](int position, uint2 c) {
@@ -179,8 +186,9 @@ __device__ __forceinline__ void CompactCandidatesToFrontier(SharedStorage& s, co
 
 // Copies the projected values of the group `prefix` into the frontier.
 template <class Source, class Project>
-__device__ __forceinline__ void CompactGroup(SharedStorage& s, const Source& source, const Project& project,
-                                             uint32_t prefix, uint32_t prefix_mask) {
+__device__ __forceinline__ void CompactGroup(SharedStorage& s, const Source& source,
+                                             const Project& project, uint32_t prefix,
+                                             uint32_t prefix_mask) {
   if constexpr (std::is_same_v<Source, CandidateSource>) {
     const auto member = [&](uint32_t bits, int32_t col) {
       uint32_t value = 0;
@@ -215,11 +223,12 @@ struct RankValue {
   int total;  // the items taking part
 };
 template <class Source, class Project>
-__device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Source& source, const Project& project,
-                                                   int rank) {
+__device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Source& source,
+                                                   const Project& project, int rank) {
   DigitHistogram(s, source, project, 0, 0, 0);
   const BinSearch first = FindBins(s, rank, 0);
-  if (first.total < static_cast<uint32_t>(rank)) return {0, 0, 0, true, static_cast<int>(first.total)};
+  if (first.total < static_cast<uint32_t>(rank))
+    return {0, 0, 0, true, static_cast<int>(first.total)};
   uint32_t prefix = first.a.bin << DigitShift(0);
   uint32_t prefix_mask = DigitMask(0) << DigitShift(0);
   uint32_t remaining = rank - first.a.above;  // the groups above are committed
@@ -240,7 +249,8 @@ __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Sourc
     prefix |= found.bin << DigitShift(digit);
     prefix_mask |= DigitMask(digit) << DigitShift(digit);
   }
-  return {prefix, static_cast<int>(remaining), static_cast<int>(group), false, static_cast<int>(first.total)};
+  return {prefix, static_cast<int>(remaining), static_cast<int>(group), false,
+          static_cast<int>(first.total)};
 }
 
 // 2048 bins relative to a cutoff (> 0), spanning [cutoff, largest]: keys past largest fall in the
@@ -249,9 +259,10 @@ __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Sourc
 struct RelativeBins {
   uint32_t cutoff;
   int shift;
-  __device__ __forceinline__ RelativeBins(uint32_t cutoff_key, uint32_t largest) : cutoff(cutoff_key) {
+  __device__ __forceinline__ RelativeBins(uint32_t cutoff_key, uint32_t largest)
+      : cutoff(cutoff_key) {
     const uint32_t quotient = (largest - cutoff) / kLastBin;  // the smallest shift leaving largest
-    shift = quotient == 0 ? 0 : 32 - __clz(quotient);          // below the last bin
+    shift = quotient == 0 ? 0 : 32 - __clz(quotient);         // below the last bin
   }
   // Whether bins relative to cutoff can settle a rank (else the radix digits do).
   __device__ __forceinline__ static bool Usable(uint32_t cutoff_key, uint32_t largest) {
@@ -283,7 +294,8 @@ __device__ __forceinline__ WarpRank RankInWarp(uint32_t key, uint32_t col, int g
   int equal_before = 0;
   for (int other = 0; other < group; ++other) {
     const uint32_t other_key = __shfl_sync(kFullMask, key, other);
-    if constexpr (kColumns) {  // both branches spelled out: this order compiles to the measured code
+    // Both branches spelled out: this order compiles to the measured code.
+    if constexpr (kColumns) {
       const uint32_t other_col = __shfl_sync(kFullMask, col, other);
       greater += other_key > key;
       equal += other_key == key;
@@ -309,32 +321,38 @@ __device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const Candid
 // histogram in relative bins usually leaves the k-th key in a bin of a few candidates, which one
 // warp ranks directly. Otherwise the three-digit selection (the answer never depends on the
 // sample, only the work does).
-__device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s, const CandidateSource& source,
-                                                            int rank, uint32_t cutoff, uint32_t largest) {
+__device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
+                                                            const CandidateSource& source, int rank,
+                                                            uint32_t cutoff, uint32_t largest) {
   if (!RelativeBins::Usable(cutoff, largest)) return FindRankValue(s, source, KeyOfValue{}, rank);
   const RelativeBins relative_bin(cutoff, largest);
   RelativeHistogram(s, source, relative_bin);
   const BinSearch first = FindBins(s, rank, 0);
-  if (first.total < static_cast<uint32_t>(rank)) return {0, 0, 0, true, static_cast<int>(first.total)};
+  if (first.total < static_cast<uint32_t>(rank))
+    return {0, 0, 0, true, static_cast<int>(first.total)};
   const uint32_t group_bin = first.a.bin;
   const int group = static_cast<int>(first.a.count);
   if (!RelativeBins::Settles(first.a)) return FindRankValue(s, source, KeyOfValue{}, rank);
   const int remaining = rank - static_cast<int>(first.a.above);
   CompactCandidatesToFrontier(
-      s, source, [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
+      s, source,
+      [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
       [](uint32_t bits, int32_t) { return OrderedKeyF32(bits); });
   if (threadIdx.x < kWarpSize) {  // each member counts the members above it and equal to it
     const int lane = threadIdx.x;
     const uint32_t key = lane < group ? s.work.frontier[lane] : 0u;
     const WarpRank r = RankInWarp<false>(key, 0, group);
-    const bool holds_rank = lane < group && r.greater < remaining && remaining <= r.greater + r.equal;
+    const bool holds_rank =
+        lane < group && r.greater < remaining && remaining <= r.greater + r.equal;
     if (lane == __ffs(__ballot_sync(kFullMask, holds_rank)) - 1) {
-      s.found[0] = {key, static_cast<uint32_t>(remaining - r.greater), static_cast<uint32_t>(r.equal)};
+      s.found[0] = {key, static_cast<uint32_t>(remaining - r.greater),
+                    static_cast<uint32_t>(r.equal)};
     }
   }
   __syncthreads();
   const BinFound kth = s.found[0];  // {key, quota, group}
-  return {kth.bin, static_cast<int>(kth.above), static_cast<int>(kth.count), false, static_cast<int>(first.total)};
+  return {kth.bin, static_cast<int>(kth.above), static_cast<int>(kth.count), false,
+          static_cast<int>(first.total)};
 }
 
 // Whether an item wins: a key above kth_key, or equal to it at a column <= column_limit.
@@ -350,8 +368,8 @@ struct Wins {
 // Marks the winners' columns, all in [base, base + span) with base a multiple of 32, in
 // s.work.bitmap (zeroed first: the frontier it aliases is dead); bit c stands for column base + c.
 template <class Source>
-__device__ __forceinline__ void MarkWinners(SharedStorage& s, const Source& source, const Wins& wins, int base,
-                                            int span) {
+__device__ __forceinline__ void MarkWinners(SharedStorage& s, const Source& source,
+                                            const Wins& wins, int base, int span) {
   const int words = (span + 31) / 32;
   for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) s.work.bitmap[w] = 0;
   __syncthreads();
@@ -363,7 +381,8 @@ __device__ __forceinline__ void MarkWinners(SharedStorage& s, const Source& sour
 
 // Puts the winners in s.work.selected, in no particular order. Returns how many.
 template <class Source>
-__device__ __forceinline__ int GatherWinners(SharedStorage& s, const Source& source, const Wins& wins) {
+__device__ __forceinline__ int GatherWinners(SharedStorage& s, const Source& source,
+                                             const Wins& wins) {
   if (threadIdx.x == 0) s.selected_count = 0;
   __syncthreads();
   if constexpr (std::is_same_v<Source, CandidateSource>) {
@@ -405,7 +424,8 @@ __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& 
   Wins wins{0, 0};  // kth.all: every valid key is above 0
   if (!kth.all) {
     wins = {kth.value, 0xFFFFFFFFu};
-    if (kth.quota < kth.group) wins.column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
+    if (kth.quota < kth.group)
+      wins.column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
   }
   return {wins, kth.all, kth.total, k};
 }
@@ -415,7 +435,8 @@ __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& 
 // ordered key that kept them (0: none; > 0 lets the relative bins work, given `largest`, the
 // largest key the caller expects, e.g. the sample's): the answer never depends on either, only
 // the work does. PutWinners then puts the winners where the caller wants them.
-__device__ __forceinline__ Selection SelectCandidates(SharedStorage& s, const CandidateSource& candidates, int k,
+__device__ __forceinline__ Selection SelectCandidates(SharedStorage& s,
+                                                      const CandidateSource& candidates, int k,
                                                       uint32_t cutoff, uint32_t largest) {
   return SettleTies(s, candidates, k, FindCandidateRankValue(s, candidates, k, cutoff, largest));
 }
@@ -432,8 +453,8 @@ enum class WinnersTo { kSelected, kBitmap };
 
 // Puts the winners of `selection` (over the same source) where `to` says; returns how many.
 template <class Source>
-__device__ __forceinline__ int PutWinners(SharedStorage& s, const Source& source, const Selection& selection,
-                                          WinnersTo to, int columns) {
+__device__ __forceinline__ int PutWinners(SharedStorage& s, const Source& source,
+                                          const Selection& selection, WinnersTo to, int columns) {
   if (to == WinnersTo::kSelected) return GatherWinners(s, source, selection.wins);
   MarkWinners(s, source, selection.wins, 0, columns);
   return selection.Count();

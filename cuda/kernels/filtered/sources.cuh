@@ -45,12 +45,14 @@ __device__ __forceinline__ void PrefetchToL2(const float* row, int64_t from, int
   const uintptr_t first = (reinterpret_cast<uintptr_t>(row + from) + 15) & ~uintptr_t{15};
   const uintptr_t last = reinterpret_cast<uintptr_t>(row + to) & ~uintptr_t{15};
   if (first < last) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"(static_cast<uint32_t>(last - first))
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first),
+                 "r"(static_cast<uint32_t>(last - first))
                  : "memory");
   }
 #else
   const int offset = kPrefetchLineElems * static_cast<int>(threadIdx.x);
-  if (offset < columns && from + offset < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + from + offset));
+  if (offset < columns && from + offset < end)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + from + offset));
 #endif
 }
 
@@ -77,12 +79,13 @@ struct RowSource {
       const uint32_t bits = inside ? __float_as_uint(__ldcs(row + col)) : kNanBits;
       visit(bits, col, !IsNanF32(bits));
     }
-    for (int base = aligned; base < end; base += end - base > kScanTile ? kScanTile : end - base) {
+    for (int base = aligned; base<end; base += end - base> kScanTile ? kScanTile : end - base) {
       const uint32_t first = base + kChunkElems * threadIdx.x;  // no wrap: base < 2^31
       float4 chunks[kScanChunks];
 #pragma unroll
       for (int c = 0; c < kScanChunks; ++c) {  // all loads first, for memory-level parallelism
-        chunks[c] = LoadChunk<true>(row + first + kChunkStride * c, int64_t{end} - first - kChunkStride * c);
+        chunks[c] = LoadChunk<true>(row + first + kChunkStride * c,
+                                    int64_t{end} - first - kChunkStride * c);
       }
 #pragma unroll
       for (int c = 0; c < kScanChunks; ++c) {
@@ -121,7 +124,8 @@ struct CandidateSource {
     }
     for (int base = in_shared; base < count; base += kThreadsPerBlock) {
       const int entry = base + static_cast<int>(threadIdx.x);
-      const uint2 c = entry < count ? __ldcg(global + (entry - shared_capacity)) : make_uint2(kNanBits, 0);
+      const uint2 c =
+          entry < count ? __ldcg(global + (entry - shared_capacity)) : make_uint2(kNanBits, 0);
       visit(c.x, static_cast<int32_t>(c.y), entry < count);
     }
   }

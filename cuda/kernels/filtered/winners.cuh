@@ -62,8 +62,9 @@ __device__ __forceinline__ void OrderBitmap(SharedStorage& s, int words, int wor
 // slots after them up to k: ascending, or by key descending then column ascending when sorted;
 // page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
 // [base, base + span); else they are in s.work.selected.
-__device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem& problem, int m, int first_slot,
-                                             int base, int span, bool by_bitmap, bool pad) {
+__device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem& problem, int m,
+                                             int first_slot, int base, int span, bool by_bitmap,
+                                             bool pad) {
   const int slots = pad ? problem.k - first_slot : m;
   int32_t* out = problem.out + s.job.row * problem.k + first_slot;
   const int32_t* page_row = nullptr;
@@ -84,7 +85,8 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
     }
     const uint32_t* const ordered = reinterpret_cast<const uint32_t*>(s.candidates);
     for (int slot = threadIdx.x; slot < slots; slot += kThreadsPerBlock) {
-      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(base + ordered[slot]), page_row, problem.log2_page_size)
+      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(base + ordered[slot]), page_row,
+                                           problem.log2_page_size)
                            : kEmptySlot;
     }
     __syncthreads();  // the buffers are reused by the next row
@@ -104,7 +106,8 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
     const int column_bits = 32 - __clz(static_cast<int>(s.job.length));
     if (problem.sorted) {
       RankSort sort(s.work.rank_sort);
-      sort.Sort(cols, keys, 0, column_bits);  // then a stable sort by key keeps ties in column order
+      sort.Sort(cols, keys, 0,
+                column_bits);  // then a stable sort by key keeps ties in column order
       __syncthreads();
       sort.SortDescendingBlockedToStriped(keys, cols, 0, 32);
     } else {
@@ -115,8 +118,9 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
   for (int j = 0; j < kSortItemsPerThread; ++j) {
     const int slot = threadIdx.x + kThreadsPerBlock * j;
     if (slot < slots) {
-      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(cols[j]), page_row, problem.log2_page_size)
-                           : kEmptySlot;
+      out[slot] =
+          slot < m ? PageTransform(static_cast<int32_t>(cols[j]), page_row, problem.log2_page_size)
+                   : kEmptySlot;
     }
   }
   __syncthreads();  // the sort storage is reused by the next row
