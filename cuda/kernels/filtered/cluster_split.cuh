@@ -28,14 +28,6 @@ namespace {
 #endif
 #if JAX_TOPK_HAS_CLUSTERS
 
-// Split mode: a row per thread block cluster; part p of its blocks filters columns [begin_p, end_p)
-// into its own sink. The parts add up their candidates' relative-bin histograms through
-// distributed shared memory, one warp in each ranks the few candidates of the k-th key's bin, and
-// every part writes its own winners, in column order, after the winners of the parts before it.
-// An underfilled primary is retried by every part with the secondary cutoff. A row this does not
-// settle (a crowded k-th bin, sorted results, cutoffs that keep everything) is merged into part 0
-// when its candidates fit there, else done whole by part 0 (re-filtered, or the exact route).
-
 // Zeroes s.hist (each thread its BinOf bins).
 __device__ __forceinline__ void ClearHistogram(SharedStorage& s) {
 #pragma unroll

@@ -1,7 +1,8 @@
 // One row by one block: publish the job, take the sample, select through the cutoffs' routes
 // (Route: the primary band, the secondary band, the exact route over the whole row) and write the
-// winners. The queue worker runs every row through RunRow; a split launch runs through it the
-// rows its cluster does not settle, and the short rows that need one block.
+// winners. The queue worker runs every row through RunRow; a split launch runs its short rows
+// through RunRow, and the rows its cluster does not settle through SelectJobRow (from a given
+// route) or SelectKept (candidates merged by the cluster), then WriteRow.
 //
 // Contract: called by every thread of the block, after the job is published (PublishJob by thread
 // 0, then a barrier). Uses all of SharedStorage but the mode's state; ends with WriteWinners'
