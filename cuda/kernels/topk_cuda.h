@@ -17,7 +17,7 @@ cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream);
 // `workspace_bytes` (an extra output of the custom call, contents undefined on entry);
 // the kernel adapts to its size, which must be at least kFilteredMinWorkspaceBytes.
 constexpr size_t kFilteredMinWorkspaceBytes = kFilteredHeaderBytes;
-cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace,
-                               size_t workspace_bytes, cudaStream_t stream);
+cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
 
 }  // namespace jax_topk
