@@ -1,13 +1,13 @@
-// topk_small_rows: exact top-k of short rows (MoE routing, [T, 256] and k = 8), one warp per row.
-// 1. Lane L loads columns [L*E, L*E + E) (E = 8, 16 or 32; 16-byte loads on aligned rows) as
-//    ordered keys; NaN and columns past the length become key 0, which is never a candidate.
-// 2. k rounds of a warp max (redux.sync) over the lanes' best keys, each dropping the lanes at
-//    it: the last max T has at least k keys >= T, so every winner is >= T (~10 of 256 on normal rows).
-// 3. The keys >= T go in column order (one warp scan) to the warp's shared buffer, read back 1
-//    slot a lane (2 when more than 32, E when more than 64); min(k, count) rounds of two
-//    redux.sync (max key, then min column at it) take the winners in rank order.
-// Why not a warp bitonic sort: 256 x 8 needs 15 dependent cross-lane stages of 16 shuffles; this
-// is ~2k dependent reductions. Traffic: each score read once, k indices (+ values) written a row.
+// topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row.
+// 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
+//    aligned); NaN and columns past the length get key 0, never a candidate.
+// 2. k rounds of a warp max (redux.sync) over lane maxima, each dropping the lanes at it: at least
+//    k keys reach the last max T, so every winner does (about 10 of 256 on normal scores).
+// 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer, read back one slot
+//    a lane (2 past 32, E past 64); min(k, count) rounds of two redux.sync (max key, then min column)
+//    take the winners in rank order. A warp bitonic sort instead needs 15 dependent cross-lane
+//    stages of 16 shuffles for 256 x 8; this is 3k dependent reductions, ~350 instructions a row.
+// Traffic: each score read once; k indices (+ values) a row. Limits: kSmallRowsMax* (topk_cuda.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -73,17 +73,27 @@ __device__ __forceinline__ void LoadKeys(const typename Rules::Bits* row_scores,
   constexpr int kElemsPerVector = 16 / sizeof(Bits);
   static_assert(kElems % kElemsPerVector == 0, "a slice is whole 16-byte vectors");
   Bits bits[kElems];
+  if (aligned && first_column + kElems <= length) {  // the common case: whole vectors only
 #pragma unroll
-  for (int vector = 0; vector < kElems / kElemsPerVector; ++vector) {
-    const int column = first_column + vector * kElemsPerVector;
-    Bits* vector_bits = bits + vector * kElemsPerVector;
-    if (aligned && column + kElemsPerVector <= length) {
-      const uint4 loaded = __ldg(reinterpret_cast<const uint4*>(row_scores + column));
-      memcpy(vector_bits, &loaded, sizeof(loaded));
-    } else {
+    for (int vector = 0; vector < kElems / kElemsPerVector; ++vector) {
+      const uint4 loaded = __ldg(
+          reinterpret_cast<const uint4*>(row_scores + first_column) + vector);
+      memcpy(bits + vector * kElemsPerVector, &loaded, sizeof(loaded));
+    }
+  } else {
 #pragma unroll
-      for (int e = 0; e < kElemsPerVector; ++e) {
-        vector_bits[e] = column + e < length ? __ldg(row_scores + column + e) : Rules::kMaskedBits;
+    for (int vector = 0; vector < kElems / kElemsPerVector; ++vector) {
+      const int column = first_column + vector * kElemsPerVector;
+      Bits* vector_bits = bits + vector * kElemsPerVector;
+      if (aligned && column + kElemsPerVector <= length) {
+        const uint4 loaded = __ldg(reinterpret_cast<const uint4*>(row_scores + column));
+        memcpy(vector_bits, &loaded, sizeof(loaded));
+      } else {
+#pragma unroll
+        for (int e = 0; e < kElemsPerVector; ++e) {
+          vector_bits[e] =
+              column + e < length ? __ldg(row_scores + column + e) : Rules::kMaskedBits;
+        }
       }
     }
   }
@@ -215,11 +225,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
   const int inclusive = WarpInclusiveSum(lane_candidates);
   const int candidates = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
   uint2* const warp_buffer = candidates_buffer[warp];
-  int slot = inclusive - lane_candidates;
+  uint2* next_entry = warp_buffer + (inclusive - lane_candidates);
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
     if (keys[e] >= threshold) {
-      warp_buffer[slot++] = make_uint2(keys[e], static_cast<uint32_t>(first_column + e));
+      *next_entry++ = make_uint2(keys[e], static_cast<uint32_t>(first_column + e));
     }
   }
   __syncwarp();
