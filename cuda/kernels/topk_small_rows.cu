@@ -2,11 +2,11 @@
 // 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
 //    aligned); NaN and columns past the length get key 0, never a candidate.
 // 2. k rounds of a warp max (redux.sync) over lane maxima, each dropping the lanes at it: at least
-//    k keys reach the last max T, so every winner does (about 10 of 256 on normal scores).
+//    k keys reach the last max T, so every winner does (about 9 of 256 on normal scores, k = 8).
 // 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer, read back one slot
-//    a lane (2 past 32, E past 64); min(k, count) rounds of two redux.sync (max key, then min column)
-//    take the winners in rank order. A warp bitonic sort instead needs 15 dependent cross-lane
-//    stages of 16 shuffles for 256 x 8; this is 3k dependent reductions, ~350 instructions a row.
+//    a lane (2 past 32, E past 64); min(k, count) rounds of two redux.sync (max key, min column)
+//    take the winners in rank order: 3k dependent reductions, ~350 instructions a row, where a
+//    warp bitonic sort of 256 x 8 needs 15 dependent cross-lane stages of 16 shuffles each.
 // Traffic: each score read once; k indices (+ values) a row. Limits: kSmallRowsMax* (topk_cuda.h).
 #include <cuda_runtime.h>
 
@@ -23,6 +23,7 @@ namespace {
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 constexpr int kWarpsPerBlock = 4;
+constexpr int kThreadsPerBlock = kWarpsPerBlock * kWarpSize;
 constexpr int kMaxElemsPerLane = kSmallRowsMaxWidth / kWarpSize;
 static_assert(kSmallRowsMaxK <= kWarpSize, "each winner's empty-slot write is one lane's");
 static_assert(kSmallRowsMaxWidth <= 0xFFFF, "a column fits the low 16 bits of a slot");
@@ -76,8 +77,8 @@ __device__ __forceinline__ void LoadKeys(const typename Rules::Bits* row_scores,
   if (aligned && first_column + kElems <= length) {  // the common case: whole vectors only
 #pragma unroll
     for (int vector = 0; vector < kElems / kElemsPerVector; ++vector) {
-      const uint4 loaded = __ldg(
-          reinterpret_cast<const uint4*>(row_scores + first_column) + vector);
+      const uint4 loaded =
+          __ldg(reinterpret_cast<const uint4*>(row_scores + first_column) + vector);
       memcpy(bits + vector * kElemsPerVector, &loaded, sizeof(loaded));
     }
   } else {
@@ -114,8 +115,8 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int index = s * kWarpSize + lane;
-    const uint2 entry = index < candidates ? candidates_buffer[index]
-                                           : make_uint2(kNoCandidate, kNoColumn);
+    const uint2 entry =
+        index < candidates ? candidates_buffer[index] : make_uint2(kNoCandidate, kNoColumn);
     keys[s] = entry.x;
     columns[s] = entry.y;
   }
@@ -175,8 +176,7 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
 }
 
 template <typename Rules, int kElems>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
-    TopkSmallRowsKernel(const TopkProblem problem) {
+__global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
   using Bits = typename Rules::Bits;
   // (key, column) of each warp's candidates in column order; in full only when a row's
   // candidates are many (ties at the threshold, rows in ascending order).
@@ -197,9 +197,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
     }
     return;
   }
-  const int length = static_cast<int>(
-      problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
-                                 : problem.width);
+  const int length =
+      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
+                                                  : problem.width);
   const Bits* row_scores = static_cast<const Bits*>(problem.scores) + row * problem.width;
   const bool aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
   const int first_column = lane * kElems;
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
 template <typename Rules>
 cudaError_t LaunchForRules(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>((problem.rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  const dim3 block(kWarpsPerBlock * kWarpSize);
+  const dim3 block(kThreadsPerBlock);
   // The narrowest slice that covers the row: short rows hold fewer registers.
   if (problem.width <= kWarpSize * 8) {
     TopkSmallRowsKernel<Rules, 8><<<grid, block, 0, stream>>>(problem);
@@ -265,7 +265,8 @@ cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream)
   if (problem.rows == 0) return cudaSuccess;
   if (problem.rows < 0 || (problem.rows + kWarpsPerBlock - 1) / kWarpsPerBlock > INT32_MAX ||
       problem.width < 1 || problem.width > kSmallRowsMaxWidth || problem.k < 1 ||
-      problem.k > kSmallRowsMaxK || (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
+      problem.k > kSmallRowsMaxK ||
+      (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
     return cudaErrorInvalidValue;
   }
   switch (problem.score_type) {
