@@ -1,8 +1,8 @@
 // topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row.
 // 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
 //    aligned); NaN and columns past the length get key 0, never a candidate.
-// 2. k rounds of a warp max (redux.sync) over lane maxima, each dropping the lanes at it: at least
-//    k keys reach the last max T, so every winner does (about 9 of 256 on normal scores, k = 8).
+// 2. k rounds of a warp max (redux.sync) over lane maxima (2 a lane past k = 16), each dropping
+//    the maxima at it: k keys reach the last max T, so every winner does (~9 of 256 at k = 8).
 // 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer, read back one slot
 //    a lane (2 past 32, E past 64); min(k, count) rounds of two redux.sync (max key, min column)
 //    take the winners in rank order: 3k dependent reductions, ~350 instructions a row, where a
@@ -175,6 +175,37 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
   }
 }
 
+// Step 2, by all lanes: a key that at least k keys reach (1 when fewer than k are candidates),
+// from k rounds of a warp max over kGroups maxima a lane (of equal parts of the slice), each round
+// dropping the maxima equal to it. One maximum a lane leaves ~9 candidates at k = 8 but ~100 at
+// k = 32 (n = 256, normal scores, simulated); two leave ~40 at k = 32.
+constexpr int kMaxKForOneMaximum = 16;
+template <int kGroups, int kElems>
+__device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kElems], int k) {
+  static_assert(kElems % kGroups == 0, "equal parts");
+  uint32_t group_best[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    group_best[g] = keys[g * (kElems / kGroups)];
+#pragma unroll
+    for (int e = 1; e < kElems / kGroups; ++e) {
+      group_best[g] = max(group_best[g], keys[g * (kElems / kGroups) + e]);
+    }
+  }
+  uint32_t threshold = kNoCandidate;  // rounds past the last candidate return 0
+  for (int round = 0; round < k; ++round) {
+    uint32_t lane_best = group_best[0];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) lane_best = max(lane_best, group_best[g]);
+    threshold = __reduce_max_sync(kFullWarp, lane_best);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      if (group_best[g] == threshold) group_best[g] = kNoCandidate;
+    }
+  }
+  return max(threshold, kNoCandidate + 1);
+}
+
 template <typename Rules, int kElems>
 __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
   using Bits = typename Rules::Bits;
@@ -206,17 +237,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   uint32_t keys[kElems];
   LoadKeys<Rules, kElems>(row_scores, aligned, first_column, length, keys);
 
-  // Step 2: the threshold. Rounds past the last candidate lane return 0, which admits every
-  // candidate (fewer lanes hold one than k).
-  uint32_t lane_best = keys[0];
-#pragma unroll
-  for (int e = 1; e < kElems; ++e) lane_best = max(lane_best, keys[e]);
-  uint32_t threshold = kNoCandidate;
-  for (int round = 0; round < k; ++round) {
-    threshold = __reduce_max_sync(kFullWarp, lane_best);
-    if (lane_best == threshold) lane_best = kNoCandidate;
-  }
-  threshold = max(threshold, kNoCandidate + 1);
+  // Step 2: the threshold.
+  const uint32_t threshold =
+      k <= kMaxKForOneMaximum ? CandidateThreshold<1>(keys, k) : CandidateThreshold<2>(keys, k);
 
   // Step 3: compact the candidates in column order (lane order, then slice order).
   int lane_candidates = 0;
