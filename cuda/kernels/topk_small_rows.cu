@@ -102,9 +102,40 @@ __device__ __forceinline__ void LoadKeys(const typename Rules::Bits* row_scores,
   for (int e = 0; e < kElems; ++e) keys[e] = Rules::Key(bits[e]);
 }
 
-// Steps 3-5 for kSlots slots a lane: slot s of lane L holds candidate s * 32 + L of the
-// column-ordered buffer (so a lane's slots ascend in column). Takes the min(k, candidates)
-// winners and writes them with the empty slots.
+// Step 2, by all lanes: a key that at least k keys reach (1 when fewer than k are candidates),
+// from k rounds of a warp max over kGroups maxima a lane (of equal parts of the slice), each round
+// dropping the maxima equal to it. One maximum a lane leaves ~9 candidates at k = 8 but ~100 at
+// k = 32 (n = 256, normal scores, simulated); two leave ~40 at k = 32.
+constexpr int kMaxKForOneMaximum = 16;
+template <int kGroups, int kElems>
+__device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kElems], int k) {
+  static_assert(kElems % kGroups == 0, "equal parts");
+  uint32_t group_best[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    group_best[g] = keys[g * (kElems / kGroups)];
+#pragma unroll
+    for (int e = 1; e < kElems / kGroups; ++e) {
+      group_best[g] = max(group_best[g], keys[g * (kElems / kGroups) + e]);
+    }
+  }
+  uint32_t threshold = kNoCandidate;  // rounds past the last candidate return 0
+  for (int round = 0; round < k; ++round) {
+    uint32_t lane_best = group_best[0];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) lane_best = max(lane_best, group_best[g]);
+    threshold = __reduce_max_sync(kFullWarp, lane_best);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      if (group_best[g] == threshold) group_best[g] = kNoCandidate;
+    }
+  }
+  return max(threshold, kNoCandidate + 1);
+}
+
+// Step 3's rounds, by all lanes, with kSlots slots a lane: slot s of lane L holds candidate
+// s * 32 + L of the column-ordered buffer (so a lane's slots ascend in column). Takes the
+// min(k, candidates) winners and writes them and the empty slots.
 template <typename Rules, int kSlots>
 __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, int candidates,
                                                const TopkProblem& problem, int64_t row) {
@@ -173,37 +204,6 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
     row_out[lane] = kEmptySlot;
     if (row_values != nullptr) row_values[lane] = Rules::kEmptyValueBits;
   }
-}
-
-// Step 2, by all lanes: a key that at least k keys reach (1 when fewer than k are candidates),
-// from k rounds of a warp max over kGroups maxima a lane (of equal parts of the slice), each round
-// dropping the maxima equal to it. One maximum a lane leaves ~9 candidates at k = 8 but ~100 at
-// k = 32 (n = 256, normal scores, simulated); two leave ~40 at k = 32.
-constexpr int kMaxKForOneMaximum = 16;
-template <int kGroups, int kElems>
-__device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kElems], int k) {
-  static_assert(kElems % kGroups == 0, "equal parts");
-  uint32_t group_best[kGroups];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    group_best[g] = keys[g * (kElems / kGroups)];
-#pragma unroll
-    for (int e = 1; e < kElems / kGroups; ++e) {
-      group_best[g] = max(group_best[g], keys[g * (kElems / kGroups) + e]);
-    }
-  }
-  uint32_t threshold = kNoCandidate;  // rounds past the last candidate return 0
-  for (int round = 0; round < k; ++round) {
-    uint32_t lane_best = group_best[0];
-#pragma unroll
-    for (int g = 1; g < kGroups; ++g) lane_best = max(lane_best, group_best[g]);
-    threshold = __reduce_max_sync(kFullWarp, lane_best);
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      if (group_best[g] == threshold) group_best[g] = kNoCandidate;
-    }
-  }
-  return max(threshold, kNoCandidate + 1);
 }
 
 template <typename Rules, int kElems>
