@@ -20,4 +20,11 @@ constexpr size_t kFilteredMinWorkspaceBytes = kFilteredHeaderBytes;
 cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream);
 
+// topk_small_rows: one warp per row, the row in its registers; float32, bfloat16 or float16
+// scores, width <= kSmallRowsMaxWidth and k <= kSmallRowsMaxK (else cudaErrorInvalidValue).
+// Writes `values` too when it is not null.
+constexpr int kSmallRowsMaxWidth = 1024;
+constexpr int kSmallRowsMaxK = 32;
+cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream);
+
 }  // namespace jax_topk
