@@ -1,6 +1,8 @@
-"""jax_topk: exact row-wise top-k for sparse-attention indexers, as JAX operations."""
+"""jax_topk: exact row-wise top-k for JAX, as XLA FFI custom calls: the sparse-attention
+indexer operators and `top_k`, the drop-in for `jax.lax.top_k`."""
 
 from ._api import topk_bf16, topk_filtered
+from ._top_k import top_k
 
-__all__ = ["topk_bf16", "topk_filtered"]
+__all__ = ["top_k", "topk_bf16", "topk_filtered"]
 __version__ = "0.1.0"

@@ -14,7 +14,7 @@ _INT32_MAX = np.iinfo(np.int32).max
 _INT32_MIN = np.iinfo(np.int32).min
 
 
-def _as_int32(value):
+def as_int32(value):
     """Integer runtime values as int32, saturating (not wrapping) wider ones."""
     if isinstance(value, (int, np.integer)):  # a Python int may not fit any JAX integer
         return jnp.int32(min(max(int(value), _INT32_MIN), _INT32_MAX))
@@ -51,7 +51,7 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     if table_rows is not None:
         table_rows = table_rows.reshape(rows)
     if num_valid_rows is not None:
-        num_valid_rows = _as_int32(num_valid_rows).reshape(1)
+        num_valid_rows = as_int32(num_valid_rows).reshape(1)
     params = Params(
         op=op,
         k=k,
@@ -63,7 +63,7 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     )
     operands = Operands(
         scores=scores.reshape(rows, n),
-        lengths=_as_int32(lengths).reshape(rows),
+        lengths=as_int32(lengths).reshape(rows),
         page_table=Operands.absent(2) if page_table is None else page_table,
         table_rows=Operands.absent(1) if table_rows is None else table_rows,
         num_valid_rows=Operands.absent(1) if num_valid_rows is None else num_valid_rows,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ._contract import MAX_WIDTH, OPERATORS, Operands, Params
+from ._contract import FAST_DTYPES, MAX_WIDTH, OPERATORS, Operands, Params
 
 
 def check_k(op: str, k) -> int:
@@ -35,7 +35,7 @@ def check_page_size(op: str, page_size) -> int:
 def _other_operator_hint(op: str, dtype) -> str:
     """Where the dtype has an operator of its own, the error names it (and the cast)."""
     for other in OPERATORS.values():
-        if other.name != op and dtype in other.dtypes:
+        if other.public and other.name != op and dtype in other.dtypes:
             rows = f" up to {other.max_width}" if other.max_width < MAX_WIDTH else ""
             cast = OPERATORS[op].dtypes[0].name
             return (
@@ -137,6 +137,39 @@ def check_num_valid_rows(op: str, num_valid_rows, leading):
     dtype = jnp.result_type(num_valid_rows)
     if not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"{op}: num_valid_rows must be an integer, got dtype {dtype}")
+
+
+# top_k's dtypes: the fast kernels' three, and what the exact slower path also orders.
+TOP_K_DTYPES = (
+    *FAST_DTYPES,
+    np.dtype(np.float64),
+    *(np.dtype(f"{kind}int{bits}") for kind in ("", "u") for bits in (8, 16, 32, 64)),
+)
+
+
+def check_top_k_operand(operand) -> tuple[tuple[int, ...], int]:
+    """top_k's operand: returns (leading shape, n)."""
+    if operand.dtype not in TOP_K_DTYPES:
+        raise TypeError(
+            f"top_k: operand dtype {operand.dtype} is not supported; it must be one of "
+            + ", ".join(d.name for d in TOP_K_DTYPES)
+        )
+    if operand.ndim < 1:
+        raise ValueError(
+            f"top_k: operand must have at least one dimension, got shape {operand.shape}"
+        )
+    n = operand.shape[-1]
+    if not 1 <= n <= MAX_WIDTH:
+        raise ValueError(f"top_k: operand row length n={n} must be in [1, {MAX_WIDTH}]")
+    return tuple(operand.shape[:-1]), n
+
+
+def check_top_k_k(k, n: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"top_k: k must be a Python int, got {k!r} of type {type(k).__name__}")
+    if not 1 <= k <= n:
+        raise ValueError(f"top_k: k={k} is out of range; it must satisfy 1 <= k <= n={n}")
+    return int(k)
 
 
 def check_sorted(op: str, sorted_) -> bool:

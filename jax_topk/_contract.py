@@ -25,6 +25,9 @@ from . import _jax_topk_cpu
 
 MAX_K = _jax_topk_cpu.MAX_K  # the native code's limits, one definition
 MAX_BF16_WIDTH = _jax_topk_cpu.MAX_BF16_WIDTH
+SMALL_ROWS_MAX_WIDTH = _jax_topk_cpu.SMALL_ROWS_MAX_WIDTH
+SMALL_ROWS_MAX_K = _jax_topk_cpu.SMALL_ROWS_MAX_K
+FAST_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_WIDTH = 2**31 - 1  # the result holds int32 column indices
 
 
@@ -38,6 +41,7 @@ class Operator:
     max_width: int  # the longest row n
     max_k: int
     needs_workspace: bool  # the CUDA handler takes a device workspace as an extra result
+    public: bool = True  # jax_topk.<name> exists (else only top_k reaches it)
 
 
 OPERATORS = {
@@ -52,6 +56,17 @@ OPERATORS = {
             max_width=MAX_BF16_WIDTH,
             max_k=MAX_K,
             needs_workspace=False,
+        ),
+        Operator(  # top_k's short rows (MoE routing); no public function of its own
+            name="small_rows",
+            primitive="jax_topk_small_rows",
+            target="jax_topk_small_rows",
+            scores_name="operand",
+            dtypes=FAST_DTYPES,
+            max_width=SMALL_ROWS_MAX_WIDTH,
+            max_k=SMALL_ROWS_MAX_K,
+            needs_workspace=False,
+            public=False,
         ),
         Operator(
             name="topk_filtered",
@@ -93,6 +108,7 @@ class Params:
     has_page_table: bool
     has_table_rows: bool
     has_num_valid_rows: bool
+    with_values: bool = False  # a second result: the selected values (top_k)
 
     @property
     def operator(self) -> Operator:
@@ -107,14 +123,18 @@ class Params:
             has_page_table=np.bool_(self.has_page_table),
             has_table_rows=np.bool_(self.has_table_rows),
             has_num_valid_rows=np.bool_(self.has_num_valid_rows),
+            with_values=np.bool_(self.with_values),
         )
 
     @property
     def results(self) -> tuple[str, ...]:
         """The results' names, in the handlers' order."""
-        return ("indices",)
+        return ("indices", "values") if self.with_values else ("indices",)
 
     def result_avals(self, operands: Operands) -> tuple[jax.core.ShapedArray, ...]:
         rows = operands.scores.shape[0]
-        shapes = {"indices": jax.core.ShapedArray((rows, self.k), np.int32)}  # column indices
+        shapes = {
+            "indices": jax.core.ShapedArray((rows, self.k), np.int32),  # column indices
+            "values": jax.core.ShapedArray((rows, self.k), operands.scores.dtype),
+        }
         return tuple(shapes[name] for name in self.results)

@@ -3,21 +3,31 @@
 `ffi_call_p` is the innermost primitive: it is bound only inside the (possibly
 partitioned) lowering of the public primitives, on the 2-D `Operands`, and lowers to the
 custom call of the operator's FFI target (`_contract.OPERATORS`), with the attributes
-`Params.ffi_attributes()` names. On CUDA an operator that `needs_workspace` (the
-filtered kernel) also gets a device workspace: the lowering adds it as one more result of
-the custom call and drops it, so it never reaches the user and no host allocation happens per call.
+`Params.ffi_attributes()` names. Every handler binds two results, the indices and the
+values; a call that wants no values gets an empty placeholder in the second. On CUDA an
+operator that `needs_workspace` (the filtered kernel) also gets a device workspace. The
+lowering adds both as extra results of the custom call and drops them, so they never reach
+the user and no host allocation happens per call.
+
+Every other platform (TPU, ROCm, an export for one, CUDA on a build without the CUDA
+extension, which warns once) lowers to the pure-JAX `_fallback.ffi_call`, the default
+lowering. Tests force it on the CPU and CUDA too with the private context manager
+`forced_fallback()`, which clears JAX's caches on entry and exit so that no executable
+compiled on the other side of the switch is reused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import warnings
 
 import jax
 import numpy as np
 from jax.extend import core
 from jax.interpreters import mlir
 
-from . import _compat, _jax_topk_cpu
+from . import _compat, _fallback, _jax_topk_cpu
 from ._checks import shape_rule
 from ._contract import Operands, Params
 
@@ -49,30 +59,60 @@ ffi_call_p.def_abstract_eval(shape_rule)
 
 
 def _lowering(ctx, *operands, params: Params, with_workspace: bool):
+    scores = Operands(*ctx.avals_in).scores
+    extra = []
+    if not params.with_values:  # the handlers always bind a values result: an empty one
+        extra.append(jax.core.ShapedArray((0,), scores.dtype))
     if with_workspace:
-        scores = Operands(*ctx.avals_in).scores
         rows, width = scores.shape
-        workspace = jax.core.ShapedArray(
-            (filtered_workspace_bytes(rows, width, params.k),), np.uint8
+        extra.append(
+            jax.core.ShapedArray((filtered_workspace_bytes(rows, width, params.k),), np.uint8)
         )
-        ctx = _compat.with_extra_results(ctx, [workspace])
+    if extra:
+        ctx = _compat.with_extra_results(ctx, extra)
     target = jax.ffi.ffi_lowering(params.operator.target)
     results = target(ctx, *operands, **params.ffi_attributes())
-    return results[: len(params.results)]  # the workspace, if any, is dropped
+    return results[: len(params.results)]  # the placeholder and workspace are dropped
+
+
+_fallback_lowering = mlir.lower_fun(_fallback.ffi_call, multiple_results=True)
+_fallback_state = {"forced": False, "warned_no_cuda": False}
+
+
+@contextlib.contextmanager
+def forced_fallback(forced: bool = True):
+    """Testing only: inside, the CPU and CUDA lowerings use the pure-JAX fallback (or, with
+    forced=False, their handlers again); the previous choice comes back on exit."""
+    previous = _fallback_state["forced"]
+    jax.clear_caches()
+    _fallback_state["forced"] = forced
+    try:
+        yield
+    finally:
+        _fallback_state["forced"] = previous
+        jax.clear_caches()
 
 
 def _cpu_lowering(ctx, *operands, params: Params):
+    if _fallback_state["forced"]:
+        return _fallback_lowering(ctx, *operands, params=params)
     return _lowering(ctx, *operands, params=params, with_workspace=False)
 
 
 def _cuda_lowering(ctx, *operands, params: Params):
-    if not HAS_CUDA_EXTENSION:
-        raise RuntimeError(
-            f"jax_topk.{params.op}: this build of jax_topk has no CUDA extension (no CUDA compiler "
-            "was found when it was built); reinstall with nvcc on the PATH, or run on the CPU"
+    if not HAS_CUDA_EXTENSION and not _fallback_state["warned_no_cuda"]:
+        _fallback_state["warned_no_cuda"] = True
+        warnings.warn(
+            f"jax_topk.{params.op}: this build of jax_topk has no CUDA extension (no CUDA "
+            "compiler was found when it was built), so it runs as plain JAX on the GPU, exact "
+            "but slower; reinstall with a CUDA toolchain for the CUDA kernels",
+            stacklevel=2,
         )
+    if _fallback_state["forced"] or not HAS_CUDA_EXTENSION:
+        return _fallback_lowering(ctx, *operands, params=params)
     return _lowering(ctx, *operands, params=params, with_workspace=params.operator.needs_workspace)
 
 
+mlir.register_lowering(ffi_call_p, _fallback_lowering)  # every platform without a handler
 mlir.register_lowering(ffi_call_p, _cpu_lowering, platform="cpu")
 mlir.register_lowering(ffi_call_p, _cuda_lowering, platform="cuda")

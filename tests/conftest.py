@@ -1,16 +1,20 @@
 """The fixtures every test file shares: the operator and the backend.
 
-Every contract test runs on the CPU, and again on the GPU when JAX sees one (the `gpu`
-marker); without a GPU those runs are skipped, not failed. Helpers live in tests/support."""
+Every contract test runs on the CPU (its handlers), on the CPU again with the pure-JAX
+lowering forced (`fallback`: what every platform without our handlers runs), and on the GPU
+when JAX sees one (the `gpu` marker); without a GPU those runs are skipped, not failed.
+Helpers live in tests/support."""
 
 from __future__ import annotations
 
 import pytest
 
+from jax_topk import _lowering
 from tests.support.operators import OPS, gpu_devices
 
 BACKENDS = [
     pytest.param("cpu", id="cpu"),
+    pytest.param("fallback", id="fallback"),
     pytest.param(
         "gpu",
         id="gpu",
@@ -24,7 +28,11 @@ BACKENDS = [
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    return request.param
+    if request.param == "fallback":
+        with _lowering.forced_fallback():
+            yield request.param
+    else:
+        yield request.param
 
 
 @pytest.fixture(params=list(OPS))

@@ -14,27 +14,28 @@ namespace nb = nanobind;
 namespace jax_topk {
 namespace {
 
-using CpuAlgorithm = void (*)(const TopkProblem&, const ScheduleTask&, int64_t);
-
 // The rows run on XLA's CPU thread pool (its intra-op threads) and the calling thread.
-template <CpuAlgorithm Algorithm>
 ffi::Error RunOnThreadPool(ffi::ThreadPool thread_pool, const TopkProblem& problem) {
   const ScheduleTask schedule = [&](std::function<void()> task) {
     thread_pool.Schedule(std::move(task));
   };
-  Algorithm(problem, schedule, thread_pool.num_threads());
+  TopkCpu(problem, schedule, thread_pool.num_threads());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
+// One CPU algorithm serves every target (each with its own checks): the reference each
+// kernel is tested against.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkBf16CpuHandler,
-                              (TopkHandler<kTopkBf16Target, RunOnThreadPool<TopkBf16Cpu>>::Call),
+                              (TopkHandler<kTopkBf16Target, RunOnThreadPool>::Call),
                               BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    TopkFilteredCpuHandler,
-    (TopkHandler<kTopkFilteredTarget, RunOnThreadPool<TopkFilteredCpu>>::Call),
-    BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkFilteredCpuHandler,
+                              (TopkHandler<kTopkFilteredTarget, RunOnThreadPool>::Call),
+                              BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkSmallRowsCpuHandler,
+                              (TopkHandler<kTopkSmallRowsTarget, RunOnThreadPool>::Call),
+                              BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace jax_topk
 
@@ -45,10 +46,14 @@ NB_MODULE(_jax_topk_cpu, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkBf16CpuHandler));
     targets[jax_topk::kTopkFilteredTarget.name] =
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkFilteredCpuHandler));
+    targets[jax_topk::kTopkSmallRowsTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::TopkSmallRowsCpuHandler));
     return targets;
   });
   m.attr("MAX_K") = jax_topk::kMaxK;
   m.attr("MAX_BF16_WIDTH") = jax_topk::kMaxBf16Width;
+  m.attr("SMALL_ROWS_MAX_WIDTH") = jax_topk::kSmallRowsMaxWidth;
+  m.attr("SMALL_ROWS_MAX_K") = jax_topk::kSmallRowsMaxK;
   m.def("filtered_workspace_bytes", &jax_topk::FilteredWorkspaceBytes, nb::arg("rows"),
         nb::arg("width"), nb::arg("k"),
         "Bytes of device workspace topk_filtered's CUDA kernel takes for this shape.");

@@ -21,12 +21,29 @@ ffi::Error LaunchError(const char* op, cudaError_t status) {
                               " launch failed: " + cudaGetErrorString(status));
 }
 
+// What the register and filtering kernels cannot do yet (a values output, float16 rows):
+// refused here, so no caller gets unwritten values.
+ffi::Error RefuseUnsupported(const TopkTarget& target, const TopkProblem& problem) {
+  if (problem.values != nullptr)
+    return InvalidTopkCall(target, "this kernel does not write values yet");
+  if (problem.score_type == ScoreType::kFloat16)
+    return InvalidTopkCall(target, "this kernel does not read float16 yet");
+  return ffi::Error::Success();
+}
+
 ffi::Error RunTopkBf16(cudaStream_t stream, const TopkProblem& problem) {
+  if (ffi::Error error = RefuseUnsupported(kTopkBf16Target, problem); error.failure()) return error;
   return LaunchError("topk_bf16", LaunchTopkBf16(problem, stream));
+}
+
+ffi::Error RunTopkSmallRows(cudaStream_t stream, const TopkProblem& problem) {
+  return LaunchError("topk_small_rows", LaunchTopkSmallRows(problem, stream));
 }
 
 ffi::Error RunTopkFiltered(cudaStream_t stream, const TopkProblem& problem,
                            ffi::Result<ffi::AnyBuffer> workspace) {
+  if (ffi::Error error = RefuseUnsupported(kTopkFilteredTarget, problem); error.failure())
+    return error;
   if (workspace->size_bytes() < kFilteredMinWorkspaceBytes)
     return InvalidTopkCall(kTopkFilteredTarget, "the workspace has ", workspace->size_bytes(),
                            " bytes, below the kernel's minimum of ", kFilteredMinWorkspaceBytes);
@@ -42,11 +59,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     TopkBf16CudaHandler, (TopkHandler<kTopkBf16Target, RunTopkBf16>::Call),
     BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
-// The workspace is a second result the Python lowering adds on CUDA only.
+// The workspace is a third result the Python lowering adds on CUDA only.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     TopkFilteredCudaHandler, (TopkHandler<kTopkFilteredTarget, RunTopkFiltered>::Call),
     BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
         .Ret<ffi::AnyBuffer>(),
+    {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    TopkSmallRowsCudaHandler, (TopkHandler<kTopkSmallRowsTarget, RunTopkSmallRows>::Call),
+    BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace jax_topk
@@ -58,6 +80,8 @@ NB_MODULE(_jax_topk_cuda, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkBf16CudaHandler));
     targets[jax_topk::kTopkFilteredTarget.name] =
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkFilteredCudaHandler));
+    targets[jax_topk::kTopkSmallRowsTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::TopkSmallRowsCudaHandler));
     return targets;
   });
 }

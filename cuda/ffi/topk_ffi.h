@@ -29,6 +29,7 @@ struct TopkAttrs {
   bool has_page_table;
   bool has_table_rows;
   bool has_num_valid_rows;
+  bool with_values;  // the values result is [rows, k] in the scores' type, else a placeholder
 };
 
 }  // namespace jax_topk
@@ -41,7 +42,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_topk::TopkAttrs, StructMember<int32_t>
                                       StructMember<bool>("sorted"),
                                       StructMember<bool>("has_page_table"),
                                       StructMember<bool>("has_table_rows"),
-                                      StructMember<bool>("has_num_valid_rows"));
+                                      StructMember<bool>("has_num_valid_rows"),
+                                      StructMember<bool>("with_values"));
 
 namespace jax_topk {
 
@@ -57,13 +59,25 @@ constexpr uint32_t ScoreTypeBit(ScoreType type) {
 struct TopkTarget {
   const char* name;
   uint32_t score_types;
+  int64_t max_width;  // the longest row its kernel takes
+  int32_t max_k;
 };
-inline constexpr TopkTarget kTopkBf16Target = {"jax_topk_bf16", ScoreTypeBit(ScoreType::kBfloat16)};
-inline constexpr TopkTarget kTopkFilteredTarget = {"jax_topk_filtered",
-                                                   ScoreTypeBit(ScoreType::kFloat32)};
+constexpr uint32_t kSixteenBitTypes =
+    ScoreTypeBit(ScoreType::kBfloat16) | ScoreTypeBit(ScoreType::kFloat16);
+constexpr uint32_t kFastScoreTypes = ScoreTypeBit(ScoreType::kFloat32) | kSixteenBitTypes;
+// The register kernel: a block a row, 16-bit rows in registers.
+inline constexpr TopkTarget kTopkBf16Target = {"jax_topk_bf16", kSixteenBitTypes, kMaxBf16Width,
+                                               kMaxK};
+// The sampled filtering kernel: rows of any length.
+inline constexpr TopkTarget kTopkFilteredTarget = {
+    "jax_topk_filtered", ScoreTypeBit(ScoreType::kFloat32), kMaxWidth, kMaxK};
+// The small-row kernel: a warp a row (top_k's MoE-routing shapes).
+inline constexpr TopkTarget kTopkSmallRowsTarget = {"jax_topk_small_rows", kFastScoreTypes,
+                                                    kSmallRowsMaxWidth, kSmallRowsMaxK};
 
 // Operands: scores [rows, width], lengths [rows], page_table [table_count, pages],
-// table_rows [rows], num_valid_rows [groups]; result: out [rows, k]. An absent optional
+// table_rows [rows], num_valid_rows [groups]; results: out [rows, k] and values ([rows, k]
+// in the scores' type when with_values, else an unread placeholder). An absent optional
 // operand arrives as a placeholder (its has_* attribute is false) and is never read.
 // num_valid_rows holds one limit per equal group of consecutive rows (one group unless
 // vmapped or sharded), so the group size is rows / its length. A backend binds its
@@ -74,7 +88,8 @@ struct TopkOperands {
   Int32Buffer page_table;
   Int32Buffer table_rows;
   Int32Buffer num_valid_rows;
-  Int32Buffer out;  // the result
+  Int32Buffer out;        // the indices
+  ffi::AnyBuffer values;  // the selected values, or a placeholder
 };
 
 template <typename Binding>
@@ -86,6 +101,7 @@ auto BindTopkOperands(Binding binding) {
       .template Arg<Int32Buffer>()
       .template Arg<Int32Buffer>()
       .template Ret<Int32Buffer>()
+      .template Ret<ffi::AnyBuffer>()
       .template Attrs<TopkAttrs>();
 }
 
@@ -124,8 +140,15 @@ inline ffi::Error CheckTopkProblem(const TopkTarget& target, const TopkProblem& 
   const int64_t lengths_size = operands.lengths.element_count();
   const int64_t table_rows_size = operands.table_rows.element_count();
   const int64_t groups = operands.num_valid_rows.element_count();
-  if (p.k < 1 || p.k > kMaxK)
-    return InvalidTopkCall(target, "k = ", p.k, " is outside [1, ", kMaxK, "]");
+  if (p.k < 1 || p.k > target.max_k)
+    return InvalidTopkCall(target, "k = ", p.k, " is outside [1, ", target.max_k, "]");
+  if (p.width > target.max_width)
+    return InvalidTopkCall(target, "rows of ", p.width, " columns exceed its limit of ",
+                           target.max_width);
+  if (p.values != nullptr && (operands.values.element_type() != operands.scores.element_type() ||
+                              operands.values.element_count() != static_cast<size_t>(p.rows) * p.k))
+    return InvalidTopkCall(target, "values must be [", p.rows, ", ", p.k,
+                           "] of the scores' element type");
   if (p.rows > 0 && lengths_size != p.rows)
     return InvalidTopkCall(target, "lengths has ", lengths_size, " entries for ", p.rows, " rows");
   if (p.page_table != nullptr) {
@@ -180,6 +203,7 @@ inline ffi::Error DecodeTopkProblem(const TopkTarget& target, const TopkOperands
     p.rows_per_group = groups > 0 && p.rows >= groups ? p.rows / groups : 1;
   }
   p.out = operands.out.typed_data();
+  if (attrs.with_values) p.values = operands.values.untyped_data();
   return CheckTopkProblem(target, p, operands);
 }
 
@@ -195,11 +219,12 @@ template <const TopkTarget& Target, typename Context, typename... ExtraResults,
 struct TopkHandler<Target, Run> {
   static ffi::Error Call(Context context, ffi::AnyBuffer scores, Int32Buffer lengths,
                          Int32Buffer page_table, Int32Buffer table_rows, Int32Buffer num_valid_rows,
-                         ffi::Result<Int32Buffer> out, TopkAttrs attrs,
-                         ExtraResults... extra_results) {
+                         ffi::Result<Int32Buffer> out, ffi::Result<ffi::AnyBuffer> values,
+                         TopkAttrs attrs, ExtraResults... extra_results) {
     TopkProblem problem;
     ffi::Error error = DecodeTopkProblem(
-        Target, {scores, lengths, page_table, table_rows, num_valid_rows, *out}, attrs, &problem);
+        Target, {scores, lengths, page_table, table_rows, num_valid_rows, *out, *values}, attrs,
+        &problem);
     if (error.failure()) return error;
     return Run(context, problem, extra_results...);
   }

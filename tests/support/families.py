@@ -12,14 +12,17 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 
 
+F16 = np.dtype(np.float16)
+
+
 def from_bits(bits, dtype):
-    if dtype == BF16:
-        return bits.astype(np.uint16).view(BF16)
-    return bits.astype(np.uint32).view(F32)
+    """Raw bit patterns (any integer array) as values of a float dtype of that width."""
+    dtype = np.dtype(dtype)
+    return bits.astype(f"uint{_bit_width(dtype)}").view(dtype)
 
 
 def _bit_width(dtype) -> int:
-    return 16 if dtype == BF16 else 32
+    return np.dtype(dtype).itemsize * 8
 
 
 def normal(rng, shape, dtype):
@@ -54,15 +57,16 @@ def nan_mix(rng, shape, dtype):
 
 def denormals(rng, shape, dtype):
     width = _bit_width(dtype)
-    mantissa_bits = 7 if width == 16 else 23
+    mantissa_bits = ml_dtypes.finfo(dtype).nmant
     bits = rng.integers(0, 1 << mantissa_bits, size=shape, dtype=np.int64)
     signs = rng.integers(0, 2, size=shape, dtype=np.int64) << (width - 1)
     return from_bits(bits | signs, dtype)
 
 
 def infinities(rng, shape, dtype):
-    choices = np.array([np.inf, -np.inf, 0.0, 1.0, -1.0, np.finfo(np.float32).max], np.float32)
-    return choices[rng.integers(0, len(choices), size=shape)].astype(dtype)
+    largest = ml_dtypes.finfo(dtype).max  # the dtype's own largest finite value
+    choices = np.array([np.inf, -np.inf, 0.0, 1.0, -1.0, largest, -largest]).astype(dtype)
+    return choices[rng.integers(0, len(choices), size=shape)]
 
 
 def random_bits(rng, shape, dtype):
@@ -78,7 +82,7 @@ def ascending(rng, shape, dtype):
 def near_ties(rng, shape, dtype):
     """Values one ulp apart: every radix digit but the last is shared."""
     width = _bit_width(dtype)
-    base = 0x3F80 if width == 16 else 0x3F800000
+    base = int(np.array(1.0, dtype).view(f"uint{width}"))
     return from_bits(base + rng.integers(0, 4, size=shape, dtype=np.int64), dtype)
 
 

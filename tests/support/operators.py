@@ -22,7 +22,8 @@ def gpu_devices():
 
 
 def device_for(backend):
-    return jax.devices("cpu")[0] if backend == "cpu" else gpu_devices()[0]
+    """The device a backend runs on: `fallback` is the CPU with the pure-JAX lowering."""
+    return gpu_devices()[0] if backend == "gpu" else jax.devices("cpu")[0]
 
 
 def make_scores(op, rng, shape, family="normal"):
