@@ -1,11 +1,13 @@
-"""The main job: check both operators against jax.lax.top_k, then time them.
+"""The main job: check the operators against jax.lax.top_k, then time them.
 
-    python -m benches.bench [--quick] [--json PATH] [--report]     (from the repository root)
+    python -m benches.bench [--ops OPS] [--shapes TEXTS] [--quick] [--list]
+                            [--json PATH [--merge] [--report]]     (from the repository root)
 
 On the default device (the GPU where JAX sees one, else the CPU): first a correctness pass
-(random and adversarial rows, ours against jax.lax.top_k on the same device), then a timing
-table against jax.lax.top_k (rows masked to -inf past their lengths, as a JAX user would),
-torch.topk on the GPU where torch is installed, and the HBM read floor.
+(random and adversarial rows, ours against jax.lax.top_k on the CPU), then a timing table
+against jax.lax.top_k (rows masked to -inf past their lengths, as a JAX user would; no mask
+for top_k rows without lengths), torch.topk on the GPU where torch is installed, and the HBM
+read floor. Before timing it prints how long the selected shapes should take.
 
 How time is measured (benches/README.md): on the GPU, `*_us` is device time, the sum of the
 kernel durations of one call read from JAX's profiler, median over calls on distinct input
@@ -17,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import glob
-import json
 import math
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -30,21 +33,42 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_topk import topk_bf16, topk_filtered
+from benches import report
+from jax_topk import top_k, topk_bf16, topk_filtered
 from tests.support.families import FAMILIES, make
 
 L2_BYTES = 60 << 20
-OPS = {"topk_bf16": (topk_bf16, jnp.bfloat16), "topk_filtered": (topk_filtered, jnp.float32)}
+OPS = {"topk_bf16": topk_bf16, "topk_filtered": topk_filtered, "top_k": top_k}
+DEFAULT_RESULTS = "benches/results/h200.json"
 
 
 @dataclass(frozen=True)
 class Shape:
     op: str
+    dtype: str  # the scores' dtype name, e.g. "bfloat16"
     rows: int
     n: int
     k: int
     lengths: str  # "full", "causal" or "valid=9000"
     page_size: int = 1
+
+    @property
+    def key(self) -> tuple:
+        """The record's identity (report.record_key)."""
+        return (self.op, self.dtype, self.rows, self.n, self.k, self.lengths, self.page_size)
+
+    @property
+    def has_lengths(self) -> bool:
+        """The call passes lengths: the indexer operators always, top_k unless full."""
+        return self.op != "top_k" or self.lengths != "full"
+
+    @property
+    def itemsize(self) -> int:
+        return jnp.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.n * self.itemsize
 
     def row_lengths(self) -> np.ndarray:
         if self.lengths == "full":
@@ -55,18 +79,19 @@ class Shape:
 
     def label(self) -> str:
         paged = f" page={self.page_size}" if self.page_size > 1 else ""
-        return f"{self.op} {self.rows}x{self.n} k={self.k} {self.lengths}{paged}"
+        return f"{self.op} {self.dtype} {self.rows}x{self.n} k={self.k} {self.lengths}{paged}"
 
 
 def gpu_shapes() -> list[Shape]:
+    """The grid of shared/BENCH.md, in the order of the results table."""
     shapes = [
-        Shape("topk_bf16", rows, 16384, 512, lengths, 64)
+        Shape("topk_bf16", "bfloat16", rows, 16384, 512, lengths, 64)
         for rows in (1, 32, 128, 512, 2048)
         for lengths in ("full", "valid=9000", "valid=4096")
     ]
-    shapes.append(Shape("topk_bf16", 512, 16384, 2048, "full", 64))
+    shapes.append(Shape("topk_bf16", "bfloat16", 512, 16384, 2048, "full", 64))
     shapes += [
-        Shape("topk_filtered", m, n, 2048, "causal")
+        Shape("topk_filtered", "float32", m, n, 2048, "causal")
         for m, n in (
             (5536, 131072),
             (1536, 196608),
@@ -76,60 +101,130 @@ def gpu_shapes() -> list[Shape]:
             (43, 430080),
         )
     ]
-    shapes.append(Shape("topk_filtered", 5536, 131072, 512, "causal"))
+    shapes.append(Shape("topk_filtered", "float32", 5536, 131072, 512, "causal"))
     shapes += [
-        Shape("topk_filtered", m, n, 2048, "full") for m in (1, 4, 32) for n in (32768, 131072)
+        Shape("topk_filtered", "float32", m, n, 2048, "full")
+        for m in (1, 4, 32)
+        for n in (32768, 131072)
+    ]
+    shapes += [  # LLM sampling over a vocabulary
+        Shape("top_k", dtype, b, 152064, 50, "full")
+        for dtype in ("bfloat16", "float32")
+        for b in (1, 8, 64, 256)
+    ]
+    shapes += [Shape("top_k", "float32", t, 256, 8, "full") for t in (4096, 65536)]  # MoE
+    shapes += [  # 16-bit indexer rows, values and indices; k above the kernels' 2048
+        Shape("top_k", "bfloat16", 5536, 131072, 2048, "causal"),
+        Shape("top_k", "bfloat16", 32, 131072, 2048, "full"),
+        Shape("top_k", "float32", 64, 131072, 4096, "full"),
     ]
     return shapes
 
 
 def cpu_shapes(quick: bool) -> list[Shape]:
     shapes = [
-        Shape("topk_filtered", 64, 131072, 2048, "full"),
-        Shape("topk_bf16", 512, 16384, 512, "full", 64),
+        Shape("topk_filtered", "float32", 64, 131072, 2048, "full"),
+        Shape("topk_bf16", "bfloat16", 512, 16384, 512, "full", 64),
+        Shape("top_k", "float32", 8, 152064, 50, "full"),
+        Shape("top_k", "float32", 4096, 256, 8, "full"),
     ]
     if not quick:
         shapes += [
-            Shape("topk_filtered", 64, 131072, 512, "causal"),
-            Shape("topk_bf16", 128, 16384, 512, "valid=4096", 64),
-            Shape("topk_filtered", 4, 262144, 2048, "full"),
+            Shape("topk_filtered", "float32", 64, 131072, 512, "causal"),
+            Shape("topk_bf16", "bfloat16", 128, 16384, 512, "valid=4096", 64),
+            Shape("topk_filtered", "float32", 4, 262144, 2048, "full"),
+            Shape("top_k", "bfloat16", 8, 152064, 50, "full"),
+            Shape("top_k", "bfloat16", 16, 131072, 2048, "causal"),
+            Shape("top_k", "float32", 8, 131072, 4096, "full"),
         ]
     return shapes
+
+
+def select(shapes: list[Shape], ops: list[str], texts: list[str] | None) -> list[Shape]:
+    """The shapes of `ops` whose label contains one of `texts` (all when None)."""
+    return [
+        s
+        for s in shapes
+        if s.op in ops and (texts is None or any(text in s.label() for text in texts))
+    ]
 
 
 # --- correctness -------------------------------------------------------------------------
 
 
-def check_against_lax(progress) -> list[str]:
-    """Ours (on the default device, sorted=True) must equal jax.lax.top_k's indices on
-    NaN-free full rows, and sorted=False the same set in ascending order. Returns the
-    failures."""
+def check_cases(ops: list[str]) -> list[tuple]:
+    """(op, dtype, family, rows, n, k) for the correctness pass: every NaN-free family on a
+    row of each path that the timed shapes take."""
+    nan_free = [f for f in FAMILIES if f not in ("nan_mix", "random_bits")]
+    cases = []
+    for op, dtype in (("topk_bf16", "bfloat16"), ("topk_filtered", "float32")):
+        if op in ops:
+            cases += [
+                (op, dtype, f, rows, n, k)
+                for f in nan_free
+                for rows, n, k in ((8, 1000, 64), (4, 16384, 512))
+            ]
+    if "topk_filtered" in ops:
+        cases.append(("topk_filtered", "float32", "normal", 2, 300_001, 2048))
+    if "top_k" in ops:
+        cases += [  # small rows (MoE) and the filtered kernel (vocabulary), every family
+            ("top_k", dtype, f, rows, n, k)
+            for dtype in ("bfloat16", "float32")
+            for f in nan_free
+            for rows, n, k in ((8, 256, 8), (4, 20000, 50))
+        ]
+        cases += [
+            ("top_k", "bfloat16", "normal", 2, 131072, 2048),
+            ("top_k", "float32", "normal", 2, 8192, 4096),  # k above the kernels' limit
+        ]
+    return cases
+
+
+@functools.cache
+def _checked_call(op: str, k: int, sorted: bool):
+    """One jit per (op, k, sorted), so the families of a shape share a compile."""
+    if op == "top_k":
+        return jax.jit(lambda s: top_k(s, k, sorted=sorted))
+    fn = OPS[op]
+
+    def full_rows(scores):
+        lengths = jnp.full(scores.shape[:1], scores.shape[1], jnp.int32)
+        return fn(scores, lengths, k=k, sorted=sorted)
+
+    return jax.jit(full_rows)
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and np.array_equal(
+        a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}")
+    )
+
+
+def check_against_lax(cases, progress) -> list[str]:
+    """Ours (on the default device, sorted=True) must equal jax.lax.top_k on the CPU on
+    NaN-free full rows: indices, and top_k's values bit for bit; the indexer operators'
+    sorted=False the same set in ascending column order. Returns the failures."""
     failures = []
     rng = np.random.default_rng(0)
-    nan_free = [f for f in FAMILIES if f not in ("nan_mix", "random_bits")]
-    cases = [
-        (op, f, rows, n, k)
-        for op in OPS
-        for f in nan_free
-        for rows, n, k in ((8, 1000, 64), (4, 16384, 512))
-    ]
-    cases += [("topk_filtered", "normal", 2, 300_001, 2048)]
-    for op, family, rows, n, k in progress(cases, desc="check vs lax.top_k"):
-        fn, dtype = OPS[op]
-        host_scores = make(family, rng, (rows, n), dtype)
+    cpu = jax.devices("cpu")[0]
+    for op, dtype, family, rows, n, k in progress(cases, desc="check vs lax.top_k"):
+        host_scores = make(family, rng, (rows, n), jnp.dtype(dtype))
         scores = jnp.asarray(host_scores)
-        lengths = jnp.full((rows,), n, jnp.int32)
         # The contract's order is jax.lax.top_k's on the CPU (lower column first among
         # ties); the GPU's lax.top_k need not break ties that way.
-        cpu = jax.devices("cpu")[0]
-        expected = np.asarray(jax.lax.top_k(jax.device_put(host_scores, cpu), k)[1])
-        ranked = np.asarray(jax.jit(lambda s, lens: fn(s, lens, k=k, sorted=True))(scores, lengths))
-        unordered = np.asarray(jax.jit(lambda s, lens: fn(s, lens, k=k))(scores, lengths))
-        if not (
-            np.array_equal(ranked, expected)
-            and np.array_equal(unordered, np.sort(expected, axis=1))
-        ):
-            failures.append(f"{op} {family} {rows}x{n} k={k}")
+        expected_values, expected = jax.lax.top_k(jax.device_put(host_scores, cpu), k)
+        if op == "top_k":
+            values, indices = _checked_call(op, k, True)(scores)
+            good = _same_bits(indices, expected) and _same_bits(values, expected_values)
+        else:
+            ranked = np.asarray(_checked_call(op, k, True)(scores))
+            unordered = np.asarray(_checked_call(op, k, False)(scores))
+            good = np.array_equal(ranked, expected) and np.array_equal(
+                unordered, np.sort(np.asarray(expected), axis=1)
+            )
+        if not good:
+            failures.append(f"{op} {dtype} {family} {rows}x{n} k={k}")
     return failures
 
 
@@ -167,7 +262,7 @@ def device_time_us(fn, input_sets, calls: int) -> float:
 
 
 def wall_time_us(fn, input_sets, repeats: int) -> float:
-    """Latency a JAX user sees: all input sets in one jit, median wall time / sets."""
+    """Latency a JAX user sees: the input sets in one jit, median wall time / sets."""
     batched = jax.jit(lambda sets: [fn(*inputs) for inputs in sets])
     jax.block_until_ready(batched(input_sets))
     samples = []
@@ -179,14 +274,15 @@ def wall_time_us(fn, input_sets, repeats: int) -> float:
 
 
 def torch_topk_us(input_sets, k: int, repeats: int):
-    """(median us by CUDA events, sorted selected values of the first set), or None."""
+    """(median us by CUDA events, sorted selected values of the first set as float32), or
+    None where torch or its GPU is absent."""
     try:
         import torch
     except ImportError:
         return None
     if not torch.cuda.is_available():
         return None
-    tensors = [torch.from_dlpack(masked) for masked in input_sets]
+    tensors = [torch.from_dlpack(rows) for rows in input_sets]
     for t in tensors:
         torch.topk(t, k, dim=-1)
     values = torch.topk(tensors[0], k, dim=-1).values.float()
@@ -212,13 +308,38 @@ def copy_bandwidth_tbps() -> float:
     return 2 * nbytes / (us * 1e-6) / 1e12
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How often a shape runs; the fewest that give stable medians (benches/README.md)."""
+
+    sets: int  # distinct input sets, cycled through
+    calls: int  # traced calls of ours (and torch's timed calls)
+    lax_calls: int  # traced calls of jax.lax.top_k (a full sort: 47 ms at 5536 x 131072)
+    wall_sets: int  # calls in the one jit of the wall-time measure
+    wall_repeats: int
+
+    @staticmethod
+    def of(shape: Shape, quick: bool, on_gpu: bool) -> Plan:
+        # On the GPU, enough sets that one set's rows have left the 60 MB L2 by the time it
+        # comes round again (up to 64 sets of a few MB), one set above 4 GB. The CPU has no
+        # such cache to defeat and is slow: a few sets.
+        if shape.nbytes > (4 << 30):
+            sets = 1
+        else:
+            sets = max(2, min(64, math.ceil(3 * L2_BYTES / shape.nbytes) + 1))
+        if not on_gpu:
+            sets = min(sets, 4)
+        calls = 3 if quick else 10
+        lax_calls = calls if shape.rows * shape.n < (1 << 28) else 3
+        return Plan(sets, calls, lax_calls, min(sets, 8), 5 if quick else 20)
+
+
 def make_inputs(shape: Shape, sets: int, seed: int):
-    _, dtype = OPS[shape.op]
     lengths = jnp.asarray(shape.row_lengths())
     key = jax.random.key(seed)
     out = []
     for i in range(sets):
-        scores = jax.random.normal(jax.random.fold_in(key, i), (shape.rows, shape.n), dtype)
+        scores = jax.random.normal(jax.random.fold_in(key, i), (shape.rows, shape.n), shape.dtype)
         extra = {}
         if shape.page_size > 1:
             pages = -(-shape.n // shape.page_size)
@@ -228,58 +349,88 @@ def make_inputs(shape: Shape, sets: int, seed: int):
     return out
 
 
-def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool) -> dict:
-    fn, dtype = OPS[shape.op]
-    itemsize = jnp.dtype(dtype).itemsize
-    nbytes = shape.rows * shape.n * itemsize
-    sets = max(2, min(8, math.ceil(4 * L2_BYTES / nbytes)))
-    if nbytes > (4 << 30):
-        sets = 1
-    inputs = make_inputs(shape, sets, seed=shape.rows * 7 + shape.n)
-    k, page_size = shape.k, shape.page_size
+def _mask_past_lengths(scores, lengths):
+    columns = jnp.arange(scores.shape[-1])
+    return jnp.where(columns < lengths[:, None], scores, -jnp.inf)
 
-    def ours(scores, lengths, extra):
-        return fn(scores, lengths, k=k, page_size=page_size, **extra)
+
+def ours_call(shape: Shape):
+    """Ours as the shape calls it: (scores, lengths, extra) -> the operator's result."""
+    k, page_size = shape.k, shape.page_size
+    if shape.op == "top_k":
+        if shape.has_lengths:
+            return lambda scores, lengths, extra: top_k(scores, k, lengths=lengths)
+        return lambda scores, lengths, extra: top_k(scores, k)
+    fn = OPS[shape.op]
+    return lambda scores, lengths, extra: fn(scores, lengths, k=k, page_size=page_size, **extra)
+
+
+def lax_call(shape: Shape):
+    """What a JAX user writes today: (scores, lengths) -> jax.lax.top_k's result, masked
+    first where the shape has lengths; only the indices for the indexer operators."""
+    k = shape.k
 
     def lax_top_k(scores, lengths):
-        columns = jnp.arange(scores.shape[-1])
-        masked = jnp.where(columns < lengths[:, None], scores, -jnp.inf)
-        return jax.lax.top_k(masked, k)[1]
+        rows = _mask_past_lengths(scores, lengths) if shape.has_lengths else scores
+        result = jax.lax.top_k(rows, k)
+        return result if shape.op == "top_k" else result[1]
 
+    return lax_top_k
+
+
+def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool) -> dict:
+    plan = Plan.of(shape, quick, on_gpu)
+    inputs = make_inputs(shape, plan.sets, seed=shape.rows * 7 + shape.n)
+    ours = ours_call(shape)
     ours_jit = jax.jit(ours)
-    lax_jit = jax.jit(lax_top_k)
+    lax_jit = jax.jit(lax_call(shape))
     lax_inputs = [(s, lens) for s, lens, _ in inputs]
-    calls = 3 if quick else 10
-    lax_calls = calls if shape.rows * shape.n < (1 << 28) else 3
     if on_gpu:
-        ours_us = device_time_us(ours_jit, inputs, calls)
-        lax_us = device_time_us(lax_jit, lax_inputs, lax_calls)
-        masked = [
-            jnp.where(jnp.arange(shape.n) < lens[:, None], s, -jnp.inf) for s, lens in lax_inputs
+        ours_us = device_time_us(ours_jit, inputs, plan.calls)
+        lax_us = device_time_us(lax_jit, lax_inputs, plan.lax_calls)
+        peer_rows = [
+            _mask_past_lengths(s, lens) if shape.has_lengths else s for s, lens in lax_inputs
         ]
-        torch_result = torch_topk_us(masked, k, calls)
-        del masked
+        torch_result = torch_topk_us(peer_rows, shape.k, plan.calls)
+        del peer_rows
     else:
-        ours_us = wall_time_us(ours, inputs, calls)
-        lax_us = wall_time_us(lax_top_k, lax_inputs, max(1, calls // 3))
+        ours_us = wall_time_us(ours, inputs[: plan.wall_sets], plan.calls)
+        lax_us = wall_time_us(lax_call(shape), lax_inputs[:2], max(1, plan.calls // 3))
         torch_result = None
     torch_us = torch_result[0] if torch_result else None
 
-    # Every compared result must select the same values (ties may pick other columns).
+    # Every compared result must select the same values (ties may pick other columns);
+    # top_k's values must be the operand's at its indices, bit for bit.
+    scores0, lengths0 = lax_inputs[0]
+
     def selected_values(indices):
-        picked = jnp.take_along_axis(lax_inputs[0][0].astype(jnp.float32), indices, axis=1)
+        picked = jnp.take_along_axis(scores0.astype(jnp.float32), indices, axis=1)
         return np.sort(np.asarray(picked), axis=1)
 
-    scores0, lengths0 = lax_inputs[0]
-    ours_values = selected_values(jax.jit(lambda s, lens: fn(s, lens, k=k))(scores0, lengths0))
-    same_set = bool(np.array_equal(ours_values, selected_values(lax_jit(scores0, lengths0))))
+    values_at_indices = None
+    if shape.op == "top_k":
+        ours_values, ours_indices = ours_jit(*inputs[0])
+        values_at_indices = _same_bits(
+            ours_values, jnp.take_along_axis(scores0, ours_indices, axis=1)
+        )
+        lax_indices = lax_jit(scores0, lengths0)[1]
+    else:  # the check runs unpaged, where ours and lax read the same columns
+        fn, k = OPS[shape.op], shape.k
+        ours_indices = jax.jit(lambda s, lens: fn(s, lens, k=k))(scores0, lengths0)
+        lax_indices = lax_jit(scores0, lengths0)
+    ours_selected = selected_values(ours_indices)
+    same_set = bool(np.array_equal(ours_selected, selected_values(lax_indices)))
     if torch_result is not None:
-        same_set &= bool(np.array_equal(ours_values, torch_result[1]))
-    wall_us = wall_time_us(ours, inputs, 5 if quick else 20) if on_gpu else ours_us
+        same_set &= bool(np.array_equal(ours_selected, torch_result[1]))
+    if on_gpu:
+        wall_us = wall_time_us(ours, inputs[: plan.wall_sets], plan.wall_repeats)
+    else:
+        wall_us = ours_us
     valid = int(np.clip(shape.row_lengths(), 0, shape.n).sum())
-    floor_us = valid * itemsize / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
-    return dict(
+    floor_us = valid * shape.itemsize / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
+    record = dict(
         op=shape.op,
+        dtype=shape.dtype,
         rows=shape.rows,
         n=shape.n,
         k=shape.k,
@@ -296,111 +447,99 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
         device=jax.devices()[0].device_kind,
         date=datetime.date.today().isoformat(),
     )
+    if values_at_indices is not None:
+        record["values_at_indices"] = values_at_indices
+    return record
 
 
-def format_table(records: list[dict]) -> str:
-    def fmt(v):
-        return "-" if v is None else f"{v:,.1f}"
+# --- the estimate printed before timing ----------------------------------------------------
 
-    header = (
-        "| op | rows | n | k | lengths | ours (us) | ours wall (us) | lax.top_k (us) | "
-        "torch.topk (us) | floor (us) | ours/floor | speed-up vs lax | same set |"
-    )
-    lines = [header, "|" + " --- |" * 13]
-    for r in records:
-        ratio = r["ours_us"] / r["floor_us"] if r.get("floor_us") else None
-        lines.append(
-            f"| {r['op']} | {r['rows']} | {r['n']} | {r['k']} | {r['lengths']} | "
-            f"{fmt(r['ours_us'])} | {fmt(r['ours_wall_us'])} | {fmt(r['lax_top_k_us'])} | "
-            f"{fmt(r['torch_topk_us'])} | {fmt(r['floor_us'])} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}'} | "
-            f"{r['lax_top_k_us'] / r['ours_us']:.1f}x | "
-            f"{'yes' if r.get('same_set_as_peers') else 'NO'} |"
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds a run should take. Per-call times come from an earlier results file where it
+    has the shape, else from the rates below (fitted to benches/results/h200.json and to a
+    CPU run here). The host costs (compiles, profiler start and stop, input generation) are
+    guesses: every run prints its elapsed time beside the estimate to correct them."""
+
+    start_s: float  # import, device start, copy bandwidth
+    host_s_per_shape: float  # host work a shape: about five compiles and two profiler traces
+    check_case_s: float  # one correctness case
+    ours_ns_per_byte: float  # ours on large rows
+    ours_min_us: float
+    lax_ns_per_element: dict  # by itemsize: a full sort of every row
+    lax_min_us: float
+    torch_ns_per_element: float | None  # None: no torch peer
+
+    def call_us(self, shape: Shape, prior: dict) -> tuple[float, float, float]:
+        """(ours, lax.top_k, torch.topk) us a call."""
+        known = prior.get(shape.key)
+        if known:
+            return known["ours_us"], known["lax_top_k_us"], known["torch_topk_us"] or 0.0
+        elements = shape.rows * shape.n
+        ours = max(self.ours_min_us, shape.nbytes * self.ours_ns_per_byte / 1e3)
+        lax = max(self.lax_min_us, elements * self.lax_ns_per_element[shape.itemsize] / 1e3)
+        torch = 0.0
+        if self.torch_ns_per_element is not None:
+            torch = max(100.0, elements * self.torch_ns_per_element / 1e3)
+        return ours, lax, torch
+
+    def shape_seconds(self, shape: Shape, quick: bool, on_gpu: bool, prior: dict) -> float:
+        plan = Plan.of(shape, quick, on_gpu)
+        ours, lax, torch = self.call_us(shape, prior)
+        ours_calls = plan.sets + plan.calls + plan.wall_sets * (plan.wall_repeats + 1) + 1
+        lax_calls = plan.sets + plan.lax_calls + 1
+        torch_calls = plan.sets + 1 + plan.calls
+        return (
+            self.host_s_per_shape
+            + (ours * ours_calls + lax * lax_calls + torch * torch_calls) / 1e6
         )
-    return "\n".join(lines)
 
 
-def write_report(records: list[dict], json_path: str, command: str) -> None:
-    """The .md table and the .png plot beside the JSON, with the command that made them."""
-    stem = os.path.splitext(json_path)[0]
-    device = records[0]["device"] if records else "?"
-    with open(stem + ".md", "w") as f:
-        f.write(f"Regenerate: `{command}`\n\n")
-        f.write(
-            f"Device: {device}; jax {records[0].get('jax', jax.__version__)}; "
-            f"{records[0]['date']}. Times are "
-            "device time per call in microseconds (sum of kernel durations from JAX's "
-            "profiler, median over calls on distinct inputs), except 'ours wall', the "
-            "latency a JAX user sees. lax.top_k runs on rows masked to -inf past their "
-            "lengths (mask included); torch.topk on the same masked rows (CUDA events). "
-            "Floor = valid bytes / measured copy bandwidth. Scores: random normal.\n\n"
-        )
-        f.write(format_table(records) + "\n")
-    try:
-        import matplotlib
+GPU_COSTS = CostModel(
+    start_s=30.0,
+    host_s_per_shape=6.0,
+    check_case_s=0.4,
+    ours_ns_per_byte=1.3 / 4150,  # 1.3x the read floor at 4.15 TB/s
+    ours_min_us=15.0,
+    lax_ns_per_element={2: 0.05, 4: 0.065},
+    lax_min_us=30.0,
+    torch_ns_per_element=0.012,
+)
+CPU_COSTS = CostModel(
+    start_s=5.0,
+    host_s_per_shape=2.0,
+    check_case_s=0.2,
+    ours_ns_per_byte=3.0,
+    ours_min_us=100.0,
+    lax_ns_per_element={2: 450.0, 4: 25.0},
+    lax_min_us=100.0,
+    torch_ns_per_element=None,
+)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    panels = [  # (title, records, x key, the key that makes one line)
-        (
-            "topk_bf16 (k, lengths)",
-            [r for r in records if r["op"] == "topk_bf16"],
-            "rows",
-            lambda r: f"k={r['k']} {r['lengths']}",
-        ),
-        (
-            "topk_filtered causal chunks (k)",
-            [r for r in records if r["op"] == "topk_filtered" and r["lengths"] == "causal"],
-            "shape",
-            lambda r: f"k={r['k']}",
-        ),
-        (
-            "topk_filtered decode (rows)",
-            [r for r in records if r["op"] == "topk_filtered" and r["lengths"] != "causal"],
-            "n",
-            lambda r: f"rows={r['rows']}",
-        ),
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(18, 5.5))
-    peers = (
-        ("ours_us", "o-", "ours"),
-        ("lax_top_k_us", "s--", "lax.top_k"),
-        ("torch_topk_us", "^:", "torch.topk"),
-        ("floor_us", "x-.", "HBM floor"),
+
+def load_prior(path: str | None) -> dict:
+    """Earlier records by shape key, for the estimate; empty when there are none."""
+    if not path or not os.path.exists(path):
+        return {}
+    return {report.record_key(r): r for r in report.load(path)}
+
+
+def print_estimate(shapes, cases, quick: bool, on_gpu: bool, prior: dict) -> float:
+    costs = GPU_COSTS if on_gpu else CPU_COSTS
+    per_shape = [costs.shape_seconds(s, quick, on_gpu, prior) for s in shapes]
+    check_s = len(cases) * costs.check_case_s
+    total = costs.start_s + check_s + sum(per_shape)
+    by_op = {}
+    for shape, seconds in zip(shapes, per_shape):
+        by_op[shape.op] = by_op.get(shape.op, 0.0) + seconds
+    parts = ", ".join(f"{op} {seconds:.0f} s" for op, seconds in by_op.items())
+    print(
+        f"estimate: {len(shapes)} shapes, {len(cases)} check cases, about {total / 60:.1f} min "
+        f"(start {costs.start_s:.0f} s, check {check_s:.0f} s, {parts}; "
+        f"{sum(1 for s in shapes if s.key in prior)} shapes timed from earlier results)"
     )
-    for ax, (title, group, xkey, line_of) in zip(axes, panels):
-        shapes = sorted({(r["rows"], r["n"]) for r in group}, key=lambda s: s[0] * s[1])
-        for line in sorted({line_of(r) for r in group}):
-            if xkey == "shape":  # causal chunks: one category per (M, N), by total size
-                pts = sorted(
-                    (r for r in group if line_of(r) == line),
-                    key=lambda r: shapes.index((r["rows"], r["n"])),
-                )
-                xs = [shapes.index((r["rows"], r["n"])) for r in pts]
-            else:
-                pts = sorted((r for r in group if line_of(r) == line), key=lambda r: r[xkey])
-                xs = [r[xkey] for r in pts]
-            for key, style, name in peers:
-                ys = [r.get(key) for r in pts]
-                if all(y is not None for y in ys):
-                    ax.plot(xs, ys, style, label=f"{name} {line}")
-        ax.set_yscale("log")
-        if xkey == "shape":
-            ax.set_xticks(
-                range(len(shapes)), [f"{m}x{n}" for m, n in shapes], rotation=20, fontsize=7
-            )
-            ax.set_xlabel("M x N")
-        else:
-            ax.set_xscale("log")
-            ax.set_xlabel("rows" if xkey == "rows" else "N (row length)")
-        ax.set_ylabel("device time per call (us)")
-        ax.set_title(title)
-        if group:
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=120)
+    return total
 
 
 def main(argv=None) -> int:
@@ -409,51 +548,96 @@ def main(argv=None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--ops",
+        default=",".join(OPS),
+        help=f"comma-separated operators to check and time (default: all of {','.join(OPS)})",
+    )
+    parser.add_argument(
+        "--shapes",
+        metavar="TEXTS",
+        help="comma-separated texts; time only shapes whose label contains one, e.g. "
+        "'x152064,bfloat16 5536x131072' (labels: --list)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    parser.add_argument(
+        "--grid",
+        choices=("gpu", "cpu"),
+        help="the shape grid (default: the device's); with --list, see the GPU grid's "
+        "estimate from a machine without one",
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the selected shapes and the estimate, run nothing",
+    )
+    parser.add_argument("--skip-check", action="store_true", help="time only")
     parser.add_argument("--json", metavar="PATH", help="write the records (benches/README.md)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --json: keep the file's records of shapes not timed now, replace the others",
+    )
     parser.add_argument(
         "--report",
         action="store_true",
         help="with --json: also write the .md table and .png plot beside it",
     )
-    parser.add_argument("--only", metavar="OP", choices=list(OPS), help="one operator")
-    parser.add_argument("--skip-check", action="store_true", help="time only")
     args = parser.parse_args(argv)
+    device = jax.devices()[0]
+    if args.grid == "gpu" and device.platform != "gpu" and not args.list:
+        parser.error("--grid gpu without a GPU: only with --list")
+    ops = args.ops.split(",")
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        parser.error(f"--ops: unknown {unknown}; the operators are {list(OPS)}")
+    if (args.merge or args.report) and not args.json:
+        parser.error("--merge and --report need --json PATH")
+
+    on_gpu = (args.grid or ("gpu" if device.platform == "gpu" else "cpu")) == "gpu"
+    shapes = gpu_shapes() if on_gpu else cpu_shapes(args.quick)
+    if args.quick and on_gpu:
+        shapes = [s for s in shapes if s.rows * s.n <= 512 * 16384 or s.rows == 43]
+    shapes = select(shapes, ops, args.shapes.split(",") if args.shapes else None)
+    cases = [] if args.skip_check else check_cases(ops)
+    prior = load_prior(args.json) or (load_prior(DEFAULT_RESULTS) if on_gpu else {})
+    print(f"jax_topk bench on {device.device_kind} ({device.platform}), jax {jax.__version__}")
+    if args.list:
+        for shape in shapes:
+            print("  " + shape.label())
+    estimate_s = print_estimate(shapes, cases, args.quick, on_gpu, prior)
+    if args.list:
+        return 0
+    started = time.perf_counter()
 
     from tqdm.auto import tqdm as progress
 
-    device = jax.devices()[0]
-    on_gpu = device.platform == "gpu"
-    print(f"jax_topk bench on {device.device_kind} ({device.platform}), jax {jax.__version__}")
-    if not args.skip_check:
-        failures = check_against_lax(progress)
+    if cases:
+        failures = check_against_lax(cases, progress)
         if failures:
             print("MISMATCH against jax.lax.top_k:\n  " + "\n  ".join(failures))
             return 1
         print("check: every case equals jax.lax.top_k")
-    shapes = gpu_shapes() if on_gpu else cpu_shapes(args.quick)
-    if args.quick and on_gpu:
-        shapes = [s for s in shapes if s.rows * s.n <= 512 * 16384 or s.rows == 43]
-    if args.only:
-        shapes = [s for s in shapes if s.op == args.only]
     copy_tbps = copy_bandwidth_tbps() if on_gpu else None
-    records = []
-    for shape in progress(shapes, desc="timing"):
-        records.append(bench_shape(shape, on_gpu, copy_tbps, args.quick))
+    records = [
+        bench_shape(shape, on_gpu, copy_tbps, args.quick)
+        for shape in progress(shapes, desc="timing")
+    ]
     if copy_tbps:
         print(f"copy bandwidth: {copy_tbps:.2f} TB/s (read + write)")
     print("time per call in us" + (" (device time)" if on_gpu else " (wall time, CPU)"))
-    print(format_table(records))
+    print(report.format_table(records))
+    print(f"elapsed {time.perf_counter() - started:.0f} s (estimated {estimate_s:.0f} s)")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+        if args.merge and os.path.exists(args.json):
+            order = [s.key for s in gpu_shapes() + cpu_shapes(quick=False)]
+            records = report.merge(report.load(args.json), records, order)
+        report.save(records, args.json)
         if args.report:
-            write_report(
-                records,
-                args.json,
-                "python -m benches.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            this_run = shlex.join(
+                ["python", "-m", "benches.bench"] + (argv if argv is not None else sys.argv[1:])
             )
+            report.write_report(records, args.json, this_run)
     return 0
 
 
