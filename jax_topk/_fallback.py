@@ -7,12 +7,13 @@ results bit for bit. Every step is exact by construction, never by a backend's t
 1. Each score becomes an ordered key: an integer whose signed order is the IEEE total order
    of the value, from the raw bits. NaN, columns past the row's length and rows past their
    group's num_valid_rows are not candidates.
-2. One `lax.sort` of each row by (not a candidate, key descending, column ascending): the
-   columns make every sort key distinct, so the order is fully determined. Its first k
-   entries are the rank order; `sorted=False` sorts those k columns.
+2. `lax.top_k` of the keys with non-candidates at int32's minimum: its documented rule
+   ranks equal keys by the lower index, which is the contract's tie rule (32-bit integers
+   and 64-bit types: one `lax.sort` by (not a candidate, key descending, column ascending) instead). The first
+   min(k, candidates) entries are the rank order; `sorted=False` sorts those k columns.
 3. The page transform, in 32-bit unsigned arithmetic as the handlers do.
-A full sort: O(n log n) a row and three int32 copies of the scores, slower than a top-k
-where k << n but exact without trusting any backend's top-k tie rule, and cheap to compile.
+As fast as `jax.lax.top_k` of the same rows (it is one, on int32 keys); top_k's exact path
+for k > 2048 and for dtypes the kernels do not read.
 
 `select` returns the columns before the page transform so that a caller wanting the
 values too can gather them (-1 slots are the empty ones).
@@ -97,14 +98,26 @@ def select(scores, lengths, num_valid_rows, *, k: int, sorted: bool, has_num_val
     if has_num_valid_rows:
         candidate &= valid_rows(rows, num_valid_rows)[:, None]
     width = min(k, n)
-    # Rank order: candidates first, then key descending (~key reverses the order without
-    # overflow), then column ascending. The columns make every sort key distinct.
-    _, _, ranked = lax.sort(
-        ((~candidate).astype(jnp.int32), ~keys, columns), dimension=1, num_keys=3
+    # Floats of up to 32 bits and integers of up to 16 never have a candidate at int32's
+    # minimum (a float's key reaches it only from -NaN's bits 0xFFFFFFFF).
+    key_above_minimum = jnp.dtype(scores.dtype).itemsize * 8 <= (
+        16 if jnp.issubdtype(scores.dtype, jnp.integer) else 32
     )
+    if key_above_minimum:
+        # lax.top_k ranks equal keys by the lower index (its documented rule), which is the
+        # contract's tie rule on the keys; non-candidates at int32's minimum rank below every
+        # candidate.
+        _, ranked = lax.top_k(jnp.where(candidate, keys, np.iinfo(np.int32).min), width)
+    else:
+        # Wider keys: one sort by (not a candidate, key descending, column ascending); the
+        # columns make every sort key distinct. ~key reverses the order without overflow.
+        _, _, ranked = lax.sort(
+            ((~candidate).astype(jnp.int32), ~keys, columns), dimension=1, num_keys=3
+        )
+        ranked = ranked[:, :width]
     slot = lax.broadcasted_iota(jnp.int32, (rows, width), 1)
     empty = slot >= candidate.sum(axis=1, dtype=jnp.int32)[:, None]
-    picked = ranked[:, :width]
+    picked = ranked
     if not sorted:  # ascending columns; no column reaches int32's maximum, so empty stay last
         int32_max = np.iinfo(np.int32).max
         picked = lax.sort(jnp.where(empty, int32_max, picked), dimension=1)
