@@ -6,7 +6,7 @@
 #   2. the CUDA toolchain wheels of the Python environment being built for (site-packages/
 #      nvidia/cu13 from `pip install "cuda-toolkit[nvcc,cccl]"`), if complete: the CUDA 13 that
 #      jax[cuda13] runs on, and no system toolkit needed;
-#   3. CMake's own search: nvcc on the PATH, CUDA_HOME or CUDA_PATH, /usr/local/cuda.
+#   3. nvcc on the PATH, else under CUDA_HOME or CUDA_PATH.
 # Under AUTO the compiler must then build cmake/cuda_probe (the kernels' headers, sm_80 warp
 # reductions, the static runtime, for CMAKE_CUDA_ARCHITECTURES); if it cannot, the build goes on
 # with the CPU extension alone and says why. Under ON any failure stops the build.
@@ -71,6 +71,15 @@ macro(jax_topk_choose_cuda_toolchain)
       if(_wheel_nvcc)
         message(STATUS "jax_topk: CUDA toolchain from the Python environment's wheels: ${_wheel_nvcc}")
         set(ENV{CUDACXX} "${_wheel_nvcc}")
+      else()
+        # CMake itself looks only on the PATH; a toolkit named by CUDA_HOME or CUDA_PATH counts too.
+        find_program(_path_nvcc nvcc NO_CACHE NO_DEFAULT_PATH PATHS ENV PATH)
+        foreach(_home IN ITEMS "$ENV{CUDA_HOME}" "$ENV{CUDA_PATH}")
+          if(NOT _path_nvcc AND _home AND EXISTS "${_home}/bin/nvcc")
+            set(ENV{CUDACXX} "${_home}/bin/nvcc")
+            break()
+          endif()
+        endforeach()
       endif()
     endif()
 
