@@ -71,6 +71,11 @@ macro(jax_topk_choose_cuda_toolchain)
       if(_wheel_nvcc)
         message(STATUS "jax_topk: CUDA toolchain from the Python environment's wheels: ${_wheel_nvcc}")
         set(ENV{CUDACXX} "${_wheel_nvcc}")
+        # The runtime wheel's libraries lie in lib/; the nvcc.profile of some nvcc wheels (13.0)
+        # names lib64/ only, and then not even CMake's compiler check links.
+        cmake_path(GET _wheel_nvcc PARENT_PATH _wheel_bin)
+        cmake_path(GET _wheel_bin PARENT_PATH _wheel_root)
+        set(ENV{CUDAFLAGS} "-L${_wheel_root}/lib $ENV{CUDAFLAGS}")
       else()
         # CMake itself looks only on the PATH; a toolkit named by CUDA_HOME or CUDA_PATH counts too.
         find_program(_path_nvcc nvcc NO_CACHE NO_DEFAULT_PATH PATHS ENV PATH)
