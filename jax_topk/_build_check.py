@@ -9,11 +9,17 @@ is registered, and JAX stays usable.
 
 from __future__ import annotations
 
+import os
 import re
 
 import jaxlib.version
 
-from . import _build_info
+try:
+    from . import _build_info
+except ImportError as error:  # a source tree, not an installed build
+    raise ImportError(
+        f"jax_topk at {os.path.dirname(__file__)} is not built (no _build_info.py): install it "
+        f"(pip install -e .), or import it from outside its source tree") from error
 
 
 def release(version: str) -> tuple[int, ...]:
