@@ -7,13 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checks
+from ._contract import Operands, Params
 from ._primitives import PRIMITIVES
 
 _INT32_MAX = np.iinfo(np.int32).max
 _INT32_MIN = np.iinfo(np.int32).min
 
 
-def _as_int32(value):
+def as_int32(value):
     """Integer runtime values as int32, saturating (not wrapping) wider ones."""
     if isinstance(value, (int, np.integer)):  # a Python int may not fit any JAX integer
         return jnp.int32(min(max(int(value), _INT32_MIN), _INT32_MAX))
@@ -28,6 +29,8 @@ def _as_int32(value):
 
 
 def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid_rows, sorted):
+    """Checks the arguments, states the call as `Operands` and `Params` (the 2-D form the
+    primitives take), binds, and gives the indices the scores' leading shape."""
     scores = jnp.asarray(scores)
     lengths = jnp.asarray(lengths)
     k = _checks.check_k(op, k)
@@ -43,25 +46,43 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     _checks.check_num_valid_rows(op, num_valid_rows, leading)
 
     rows = int(np.prod(leading, dtype=np.int64))
-    placeholder = jnp.zeros((0,), jnp.int32)
-    params = dict(
-        op=op, k=k, log2_page_size=log2_page_size, sorted=sorted,
-        has_page_table=page_table is not None, has_table_rows=table_rows is not None,
-        has_num_valid_rows=num_valid_rows is not None)
-    operands = (
-        scores.reshape(rows, n),
-        _as_int32(lengths).reshape(rows),
-        placeholder.reshape(0, 0) if page_table is None else
-        page_table.reshape(-1, page_table.shape[-1]),
-        placeholder if table_rows is None else table_rows.reshape(rows),
-        placeholder if num_valid_rows is None else _as_int32(num_valid_rows).reshape(1),
+    if page_table is not None:
+        page_table = page_table.reshape(-1, page_table.shape[-1])
+    if table_rows is not None:
+        table_rows = table_rows.reshape(rows)
+    if num_valid_rows is not None:
+        num_valid_rows = as_int32(num_valid_rows).reshape(1)
+    params = Params(
+        op=op,
+        k=k,
+        log2_page_size=log2_page_size,
+        sorted=sorted,
+        has_page_table=page_table is not None,
+        has_table_rows=table_rows is not None,
+        has_num_valid_rows=num_valid_rows is not None,
     )
-    out = PRIMITIVES[op].bind(*operands, **params)
-    return out.reshape(*leading, k)
+    operands = Operands(
+        scores=scores.reshape(rows, n),
+        lengths=as_int32(lengths).reshape(rows),
+        page_table=Operands.absent(2) if page_table is None else page_table,
+        table_rows=Operands.absent(1) if table_rows is None else table_rows,
+        num_valid_rows=Operands.absent(1) if num_valid_rows is None else num_valid_rows,
+    )
+    (indices,) = PRIMITIVES[op].bind(*operands, params=params)
+    return indices.reshape(*leading, k)
 
 
-def topk_bf16(scores, lengths, *, k=512, page_table=None, page_size=1, table_rows=None,
-              num_valid_rows=None, sorted=False):
+def topk_bf16(
+    scores,
+    lengths,
+    *,
+    k=512,
+    page_table=None,
+    page_size=1,
+    table_rows=None,
+    num_valid_rows=None,
+    sorted=False,
+):
     """Exact top-k of bfloat16 rows up to 16384 long: int32 column indices [..., k].
 
     Row r selects among columns [0, clamp(lengths[r], 0, n)), never a NaN; values rank in
@@ -71,18 +92,44 @@ def topk_bf16(scores, lengths, *, k=512, page_table=None, page_size=1, table_row
     page_table[t, j // page_size] * page_size + j % page_size, t = table_rows[r] (clamped)
     or r. Rows at or past `num_valid_rows` (2-D scores only) are all -1 and never read.
     """
-    return topk("topk_bf16", scores, lengths, k=k, page_table=page_table, page_size=page_size,
-                table_rows=table_rows, num_valid_rows=num_valid_rows, sorted=sorted)
+    return topk(
+        "topk_bf16",
+        scores,
+        lengths,
+        k=k,
+        page_table=page_table,
+        page_size=page_size,
+        table_rows=table_rows,
+        num_valid_rows=num_valid_rows,
+        sorted=sorted,
+    )
 
 
-def topk_filtered(logits, lengths, *, k=2048, page_table=None, page_size=1, table_rows=None,
-                  num_valid_rows=None, sorted=False):
+def topk_filtered(
+    logits,
+    lengths,
+    *,
+    k=2048,
+    page_table=None,
+    page_size=1,
+    table_rows=None,
+    num_valid_rows=None,
+    sorted=False,
+):
     """Exact top-k of float32 rows of any length: int32 column indices [..., k].
 
     The same contract as topk_bf16 (see its docstring) for float32 logits; on the GPU a
     sample of each row proposes a boundary that one full pass validates, so long rows are
     read about once.
     """
-    return topk("topk_filtered", logits, lengths, k=k, page_table=page_table,
-                page_size=page_size, table_rows=table_rows, num_valid_rows=num_valid_rows,
-                sorted=sorted)
+    return topk(
+        "topk_filtered",
+        logits,
+        lengths,
+        k=k,
+        page_table=page_table,
+        page_size=page_size,
+        table_rows=table_rows,
+        num_valid_rows=num_valid_rows,
+        sorted=sorted,
+    )

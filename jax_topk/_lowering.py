@@ -1,25 +1,35 @@
 """The FFI custom call: target registration and per-platform lowering.
 
 `ffi_call_p` is the innermost primitive: it is bound only inside the (possibly
-partitioned) lowering of the public primitives, on 2-D operands, and lowers to the
-custom call `jax_topk_bf16` or `jax_topk_filtered`. On CUDA the filtered kernel also
-needs a device workspace: the lowering adds it as a second result of the custom call
-and drops it, so it never reaches the user and no host allocation happens per call.
+partitioned) lowering of the public primitives, on the 2-D `Operands`, and lowers to the
+custom call of the operator's FFI target (`_contract.OPERATORS`), with the attributes
+`Params.ffi_attributes()` names. Every handler binds two results, the indices and the
+values; a call that wants no values gets an empty placeholder in the second. On CUDA an
+operator that `needs_workspace` (the filtered kernel) also gets a device workspace. The
+lowering adds both as extra results of the custom call and drops them, so they never reach
+the user and no host allocation happens per call.
+
+Every other platform (TPU, ROCm, an export for one, CUDA on a build without the CUDA
+extension, which warns once) lowers to the pure-JAX `_fallback.ffi_call`, the default
+lowering. Tests force it on the CPU and CUDA too with the private context manager
+`forced_fallback()`, which clears JAX's caches on entry and exit so that no executable
+compiled on the other side of the switch is reused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import warnings
 
 import jax
 import numpy as np
 from jax.extend import core
 from jax.interpreters import mlir
 
-from . import _jax_topk_cpu
-from ._checks import output_shape
-
-TARGETS = {"topk_bf16": "jax_topk_bf16", "topk_filtered": "jax_topk_filtered"}
+from . import _compat, _fallback, _jax_topk_cpu
+from ._checks import shape_rule
+from ._contract import Operands, Params
 
 
 def _register(module, platform: str) -> None:
@@ -44,38 +54,65 @@ def filtered_workspace_bytes(rows: int, width: int, k: int) -> int:
 
 
 ffi_call_p = core.Primitive("jax_topk_ffi_call")
+ffi_call_p.multiple_results = True
+ffi_call_p.def_abstract_eval(shape_rule)
 
 
-ffi_call_p.def_abstract_eval(output_shape)
-
-
-def _attributes(k, log2_page_size, sorted, has_page_table, has_table_rows, has_num_valid_rows):
-    return dict(k=np.int32(k), log2_page_size=np.int32(log2_page_size), sorted=np.bool_(sorted),
-                has_page_table=np.bool_(has_page_table), has_table_rows=np.bool_(has_table_rows),
-                has_num_valid_rows=np.bool_(has_num_valid_rows))
-
-
-def _lowering(ctx, *operands, op, with_workspace, **params):
+def _lowering(ctx, *operands, params: Params, with_workspace: bool):
+    scores = Operands(*ctx.avals_in).scores
+    extra = []
+    if not params.with_values:  # the handlers always bind a values result: an empty one
+        extra.append(jax.core.ShapedArray((0,), scores.dtype))
     if with_workspace:
-        rows, width = ctx.avals_in[0].shape
-        workspace = jax.core.ShapedArray(
-            (filtered_workspace_bytes(rows, width, params["k"]),), np.uint8)
-        ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
-    results = jax.ffi.ffi_lowering(TARGETS[op])(ctx, *operands, **_attributes(**params))
-    return results[:1]
+        rows, width = scores.shape
+        extra.append(
+            jax.core.ShapedArray((filtered_workspace_bytes(rows, width, params.k),), np.uint8)
+        )
+    if extra:
+        ctx = _compat.with_extra_results(ctx, extra)
+    target = jax.ffi.ffi_lowering(params.operator.target)
+    results = target(ctx, *operands, **params.ffi_attributes())
+    return results[: len(params.results)]  # the placeholder and workspace are dropped
 
 
-def _cpu_lowering(ctx, *operands, op, **params):
-    return _lowering(ctx, *operands, op=op, with_workspace=False, **params)
+_fallback_lowering = mlir.lower_fun(_fallback.ffi_call, multiple_results=True)
+_fallback_state = {"forced": False, "warned_no_cuda": False}
 
 
-def _cuda_lowering(ctx, *operands, op, **params):
-    if not HAS_CUDA_EXTENSION:
-        raise RuntimeError(
-            f"jax_topk.{op}: this build of jax_topk has no CUDA extension (no CUDA compiler was "
-            "found when it was built); reinstall with nvcc on the PATH, or run on the CPU")
-    return _lowering(ctx, *operands, op=op, with_workspace=op == "topk_filtered", **params)
+@contextlib.contextmanager
+def forced_fallback(forced: bool = True):
+    """Testing only: inside, the CPU and CUDA lowerings use the pure-JAX fallback (or, with
+    forced=False, their handlers again); the previous choice comes back on exit."""
+    previous = _fallback_state["forced"]
+    jax.clear_caches()
+    _fallback_state["forced"] = forced
+    try:
+        yield
+    finally:
+        _fallback_state["forced"] = previous
+        jax.clear_caches()
 
 
+def _cpu_lowering(ctx, *operands, params: Params):
+    if _fallback_state["forced"]:
+        return _fallback_lowering(ctx, *operands, params=params)
+    return _lowering(ctx, *operands, params=params, with_workspace=False)
+
+
+def _cuda_lowering(ctx, *operands, params: Params):
+    if not HAS_CUDA_EXTENSION and not _fallback_state["warned_no_cuda"]:
+        _fallback_state["warned_no_cuda"] = True
+        warnings.warn(
+            f"jax_topk.{params.op}: this build of jax_topk has no CUDA extension (no CUDA "
+            "compiler was found when it was built), so it runs as plain JAX on the GPU, exact "
+            "but slower; reinstall with a CUDA toolchain for the CUDA kernels",
+            stacklevel=2,
+        )
+    if _fallback_state["forced"] or not HAS_CUDA_EXTENSION:
+        return _fallback_lowering(ctx, *operands, params=params)
+    return _lowering(ctx, *operands, params=params, with_workspace=params.operator.needs_workspace)
+
+
+mlir.register_lowering(ffi_call_p, _fallback_lowering)  # every platform without a handler
 mlir.register_lowering(ffi_call_p, _cpu_lowering, platform="cpu")
 mlir.register_lowering(ffi_call_p, _cuda_lowering, platform="cuda")

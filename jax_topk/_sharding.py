@@ -17,42 +17,50 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ._contract import Operands, Params
 from ._lowering import ffi_call_p
 
 
-def _bind(params, scores, lengths, page_table, table_rows, num_valid_rows):
-    return ffi_call_p.bind(scores, lengths, page_table, table_rows, num_valid_rows,
-                           **dict(params))
+def _bind(params: Params, *operands):
+    return tuple(ffi_call_p.bind(*operands, params=params))
 
 
-# The static parameters travel as a sorted tuple of (name, value) pairs.
+# The static parameters are the first (hashable) argument.
 _partitioned_call = custom_partitioning(_bind, static_argnums=(0,))
 
 
 def _row_axes(mesh, arg_shapes):
     """The mesh axes the rows are split over, or None to run replicated (rows not split,
     or not evenly)."""
-    sharding = arg_shapes[0].sharding
+    scores = Operands(*arg_shapes).scores
+    sharding = scores.sharding
     if not isinstance(sharding, NamedSharding) or not sharding.spec or sharding.spec[0] is None:
         return None
     axes = sharding.spec[0] if isinstance(sharding.spec[0], tuple) else (sharding.spec[0],)
-    rows = arg_shapes[0].shape[0]
+    rows = scores.shape[0]
     shards = math.prod(mesh.shape[a] for a in axes)
     return axes if rows > 0 and rows % shards == 0 else None
 
 
-def _page_table_per_row(params):
+def _page_table_per_row(params: Params):
     """Whether the page table has a row per score row (else table_rows picks its rows)."""
-    return params["has_page_table"] and not params["has_table_rows"]
+    return params.has_page_table and not params.has_table_rows
 
 
-def _shardings(params, mesh, axes):
+def _shardings(params: Params, mesh, axes):
+    """Each operand's sharding with the rows split over `axes`, and the results'."""
     rows = PartitionSpec(axes)
     rows_2d = PartitionSpec(axes, None)
     replicated = PartitionSpec()
-    specs = (rows_2d, rows, rows_2d if _page_table_per_row(params) else replicated,
-             rows if params["has_table_rows"] else replicated, replicated)
-    return tuple(NamedSharding(mesh, s) for s in specs), NamedSharding(mesh, rows_2d)
+    specs = Operands(
+        scores=rows_2d,
+        lengths=rows,
+        page_table=rows_2d if _page_table_per_row(params) else replicated,
+        table_rows=rows if params.has_table_rows else replicated,
+        num_valid_rows=replicated,
+    )
+    results = (NamedSharding(mesh, rows_2d),) * len(params.results)
+    return tuple(NamedSharding(mesh, s) for s in specs), results
 
 
 def _shard_index(mesh, axes):
@@ -72,39 +80,54 @@ def local_num_valid_rows(num_valid_rows, rows, first_row, local_rows):
     return jnp.clip(limits, 0, piece).astype(jnp.int32)
 
 
-def _partition(params, mesh, arg_shapes, result_shape):
+def _partition(params: Params, mesh, arg_shapes, result_shape):
     del result_shape
-    named = dict(params)
     axes = _row_axes(mesh, arg_shapes)
     if axes is None:
         replicated = NamedSharding(mesh, PartitionSpec())
-        return mesh, partial(_bind, params), replicated, (replicated,) * 5
-    arg_shardings, out_sharding = _shardings(named, mesh, axes)
-    rows = arg_shapes[0].shape[0]
+        return (
+            mesh,
+            partial(_bind, params),
+            (replicated,) * len(params.results),
+            (replicated,) * len(Operands._fields),
+        )
+    arg_shardings, result_shardings = _shardings(params, mesh, axes)
+    rows = Operands(*arg_shapes).scores.shape[0]
 
-    def local_call(scores, lengths, page_table, table_rows, num_valid_rows):
-        if named["has_num_valid_rows"]:
-            local_rows = scores.shape[0]
+    def local_call(*local):
+        local = Operands(*local)
+        if params.has_num_valid_rows:
+            local_rows = local.scores.shape[0]
             first_row = _shard_index(mesh, axes) * local_rows
-            num_valid_rows = local_num_valid_rows(num_valid_rows, rows, first_row, local_rows)
-        return ffi_call_p.bind(scores, lengths, page_table, table_rows, num_valid_rows, **named)
+            local = local._replace(
+                num_valid_rows=local_num_valid_rows(
+                    local.num_valid_rows, rows, first_row, local_rows
+                )
+            )
+        return _bind(params, *local)
 
-    return mesh, local_call, out_sharding, arg_shardings
+    return mesh, local_call, result_shardings, arg_shardings
 
 
-def _infer(params, mesh, arg_shapes, result_shape):
-    del params, result_shape
+def _infer(params: Params, mesh, arg_shapes, result_shape):
+    del result_shape
     axes = _row_axes(mesh, arg_shapes)
-    return NamedSharding(mesh, PartitionSpec(axes, None) if axes else PartitionSpec())
+    spec = PartitionSpec(axes, None) if axes else PartitionSpec()
+    return (NamedSharding(mesh, spec),) * len(params.results)
 
 
-def _sharding_rule(params, mesh, arg_shapes, result_shape):
+def _sharding_rule(params: Params, mesh, arg_shapes, result_shape):
     del mesh, arg_shapes, result_shape
-    named = dict(params)
-    page_table = "r p" if _page_table_per_row(named) else "t p"
-    table_rows = "r" if named["has_table_rows"] else "c"
+    factors = Operands(
+        scores="r n",
+        lengths="r",
+        page_table="r p" if _page_table_per_row(params) else "t p",
+        table_rows="r" if params.has_table_rows else "c",
+        num_valid_rows="g",
+    )
+    results = ", ".join(["r k"] * len(params.results))
     # n and the (small) num_valid_rows must be whole on each device; rows pass through.
-    rule = f"r n, r, {page_table}, {table_rows}, g -> r k"
+    rule = f"{', '.join(factors)} -> {results}"
     return rule, {"need_replication_factors": ("n", "g")}
 
 
@@ -115,7 +138,6 @@ _partitioned_call.def_partition(
 )
 
 
-def partitioned_call(scores, lengths, page_table, table_rows, num_valid_rows, **params):
+def partitioned_call(*operands, params: Params):
     """Binds the custom call through the partitioner."""
-    return _partitioned_call(tuple(sorted(params.items())), scores, lengths, page_table,
-                             table_rows, num_valid_rows)
+    return _partitioned_call(params, *operands)

@@ -1,69 +1,40 @@
-"""Backends and helpers shared by the test files.
+"""The fixtures every test file shares: the operator and the backend.
 
-Every contract test runs on the CPU, and again on the GPU when JAX sees one (the `gpu`
-marker); without a GPU those runs are skipped, not failed."""
+Every contract test runs on the CPU (its handlers), on the CPU again with the pure-JAX
+lowering forced (`fallback`: what every platform without our handlers runs), and on the GPU
+when JAX sees one (the `gpu` marker); without a GPU those runs are skipped, not failed.
+Helpers live in tests/support."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import jax
-import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import jax_topk  # noqa: E402
-
-OPS = {"topk_bf16": jax_topk.topk_bf16, "topk_filtered": jax_topk.topk_filtered}
-SCORE_DTYPES = {"topk_bf16": "bfloat16", "topk_filtered": "float32"}
-
-
-def gpu_devices():
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:
-        return []
-
+from jax_topk import _lowering
+from tests.support.operators import OPS, gpu_devices
 
 BACKENDS = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("gpu", id="gpu", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")]),
+    pytest.param("fallback", id="fallback"),
+    pytest.param(
+        "gpu",
+        id="gpu",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX"),
+        ],
+    ),
 ]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    return request.param
+    if request.param == "fallback":
+        with _lowering.forced_fallback():
+            yield request.param
+    else:
+        yield request.param
 
 
 @pytest.fixture(params=list(OPS))
 def op(request):
     return request.param
-
-
-def device_for(backend):
-    return jax.devices("cpu")[0] if backend == "cpu" else gpu_devices()[0]
-
-
-def run_op(op, backend, scores, lengths, **kwargs):
-    """Runs an operator under jit on one backend, the arrays placed there."""
-    device = device_for(backend)
-    traced = {}
-    static = {}
-    for name, value in kwargs.items():
-        if name in ("page_table", "table_rows", "num_valid_rows") and value is not None:
-            traced[name] = jax.device_put(np.asarray(value), device)
-        else:
-            static[name] = value
-    fn = jax.jit(lambda s, l, t: OPS[op](s, l, **t, **static))
-    out = fn(jax.device_put(scores, device), jax.device_put(np.asarray(lengths), device), traced)
-    return np.asarray(out)
-
-
-def permuted_page_table(rng, table_rows, pages):
-    """Each table row a random permutation of distinct physical pages."""
-    return np.stack([rng.permutation(pages * 4)[:pages] for _ in range(table_rows)]).astype(np.int32)

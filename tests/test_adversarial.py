@@ -8,18 +8,18 @@ import zlib
 import numpy as np
 import pytest
 
-from conftest import SCORE_DTYPES, run_op
-from jax_topk import _families
-from reference import reference_topk
-from test_contract import edge_lengths
+from tests.support import families
+from tests.support.families import edge_lengths
+from tests.support.operators import SCORE_DTYPES, make_scores, run_op
+from tests.support.reference import reference_topk
 
 
-@pytest.mark.parametrize("family", sorted(_families.FAMILIES))
+@pytest.mark.parametrize("family", sorted(families.FAMILIES))
 @pytest.mark.parametrize("n,k", [(37, 8), (515, 64), (4099, 512)])
 def test_family(op, backend, family, n, k):
     rng = np.random.default_rng(zlib.crc32(f"{family}/{n}/{k}".encode()))  # same every run
     rows = 12
-    scores = _families.make(family, rng, (rows, n), SCORE_DTYPES[op])
+    scores = make_scores(op, rng, (rows, n), family)
     lengths = edge_lengths(k, n, rows, rng)
     for sorted_ in (False, True):
         out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
@@ -30,10 +30,10 @@ def test_family(op, backend, family, n, k):
 def test_nan_never_selected_and_displaces_nothing(op, backend):
     rng = np.random.default_rng(12)
     n, k = 100, 10
-    scores = _families.make("normal", rng, (2, n), SCORE_DTYPES[op])
+    scores = make_scores(op, rng, (2, n))
     with_nan = scores.copy()
     top = np.argsort(-scores[0].astype(np.float32))[:5]
-    with_nan[0, top] = np.nan                       # the would-be winners become NaN
+    with_nan[0, top] = np.nan  # the would-be winners become NaN
     with_nan[1, ::2] = -np.nan
     lengths = np.full(2, n, np.int32)
     out = run_op(op, backend, with_nan, lengths, k=k)
@@ -54,7 +54,7 @@ def test_odd_widths_unaligned_rows(op, backend):
     """Widths that are not a multiple of the vector width start rows at unaligned addresses."""
     rng = np.random.default_rng(13)
     for n in (1, 2, 3, 5, 7, 9, 15, 17, 33, 127, 1023, 4097):
-        scores = _families.make("random_bits", rng, (7, n), SCORE_DTYPES[op])
+        scores = make_scores(op, rng, (7, n), "random_bits")
         lengths = rng.integers(-1, n + 2, size=7).astype(np.int32)
         for k in (1, 3, 16):
             out = run_op(op, backend, scores, lengths, k=k)
@@ -66,7 +66,7 @@ def test_pivot_at_minus_infinity_among_nans(op, backend):
     -inf in registers) must neither be counted nor taken, and -inf ties go to the lowest columns."""
     n = 600
     row = np.full(n, -np.inf, np.float32)
-    row[::3] = np.nan                     # 400 non-NaN values, all -inf
+    row[::3] = np.nan  # 400 non-NaN values, all -inf
     other = row.copy()
     other[[5, 50, 500]] = [1.0, -2.0, 3.0]  # three finite values above the -inf ties
     scores = np.stack([row, other, row[::-1].copy()]).astype(SCORE_DTYPES[op])
@@ -74,8 +74,11 @@ def test_pivot_at_minus_infinity_among_nans(op, backend):
     for k in (1, 3, 300, 399, 400, 401, 512):
         for sorted_ in (False, True):
             out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
-            np.testing.assert_array_equal(out, reference_topk(scores, lengths, k, sorted=sorted_),
-                                          err_msg=f"k={k} sorted={sorted_}")
+            np.testing.assert_array_equal(
+                out,
+                reference_topk(scores, lengths, k, sorted=sorted_),
+                err_msg=f"k={k} sorted={sorted_}",
+            )
 
 
 def test_pivot_at_smallest_normals_and_subnormals(op, backend):
@@ -84,19 +87,32 @@ def test_pivot_at_smallest_normals_and_subnormals(op, backend):
     if op == "topk_bf16":
         groups = [0x0081, 0x0080, 0x007F, 0x0001, 0x0000, 0x8000, 0x8001, 0x807F, 0x8080, 0x8081]
     else:
-        groups = [0x00800001, 0x00800000, 0x007FFFFF, 0x00000001, 0x00000000, 0x80000000,
-                  0x80000001, 0x807FFFFF, 0x80800000, 0x80800001]
+        groups = [
+            0x00800001,
+            0x00800000,
+            0x007FFFFF,
+            0x00000001,
+            0x00000000,
+            0x80000000,
+            0x80000001,
+            0x807FFFFF,
+            0x80800000,
+            0x80800001,
+        ]
     copies = 40  # groups are listed largest first; each k below ends inside one group
     rng = np.random.default_rng(14)
     rows = [rng.permutation(np.repeat(groups, copies)) for _ in range(3)]
-    scores = _families._from_bits(np.stack(rows), np.dtype(SCORE_DTYPES[op]))
+    scores = families.from_bits(np.stack(rows), np.dtype(SCORE_DTYPES[op]))
     n = scores.shape[1]
     lengths = np.array([n, n - 7, 333], np.int32)
     for k in range(copies // 2, len(groups) * copies, copies):
         for sorted_ in (False, True):
             out = run_op(op, backend, scores, lengths, k=k, sorted=sorted_)
-            np.testing.assert_array_equal(out, reference_topk(scores, lengths, k, sorted=sorted_),
-                                          err_msg=f"k={k} sorted={sorted_}")
+            np.testing.assert_array_equal(
+                out,
+                reference_topk(scores, lengths, k, sorted=sorted_),
+                err_msg=f"k={k} sorted={sorted_}",
+            )
 
 
 def test_filtered_rows_at_the_column_bitmap_limit(backend):
@@ -109,5 +125,6 @@ def test_filtered_rows_at_the_column_bitmap_limit(backend):
     lengths = np.array([262144, 262145, 262143, 131072, 131073, 65536, 16385, 16384], np.int32)
     for sorted_ in (False, True):
         out = run_op("topk_filtered", backend, scores, lengths, k=2048, sorted=sorted_)
-        np.testing.assert_array_equal(out, reference_topk(scores, lengths, 2048, sorted=sorted_),
-                                      err_msg=f"sorted={sorted_}")
+        np.testing.assert_array_equal(
+            out, reference_topk(scores, lengths, 2048, sorted=sorted_), err_msg=f"sorted={sorted_}"
+        )

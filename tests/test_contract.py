@@ -1,5 +1,5 @@
-"""SPEC sections 3-4 for both operators on every backend, against the NumPy reference and
-against jax.lax.top_k on NaN-free rows."""
+"""docs/contract.md sections 3-4 for both operators on every backend, against the NumPy
+reference and against jax.lax.top_k on NaN-free rows."""
 
 from __future__ import annotations
 
@@ -8,22 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import SCORE_DTYPES, permuted_page_table, run_op
-from jax_topk import _families
-from reference import reference_topk
-
-
-def make_scores(op, rng, shape, family="normal"):
-    return _families.make(family, rng, shape, SCORE_DTYPES[op])
-
-
-def edge_lengths(k, n, rows, rng):
-    """Lengths around every boundary: negative, 0, 1, k-1, k, k+1, n, beyond n."""
-    special = [-5, 0, 1, k - 1, k, k + 1, n, n + 7, np.iinfo(np.int32).max,
-               np.iinfo(np.int32).min]
-    lengths = rng.integers(0, n + 1, size=rows)
-    lengths[:len(special)] = special[:rows]
-    return lengths.astype(np.int32)
+from tests.support.families import edge_lengths
+from tests.support.operators import SCORE_DTYPES, make_scores, permuted_page_table, run_op
+from tests.support.reference import reference_topk
 
 
 @pytest.mark.parametrize("k", [1, 7, 64])
@@ -72,10 +59,12 @@ def test_page_transform(op, backend, page_size):
     lengths = edge_lengths(k, n, rows, rng)
     table = permuted_page_table(rng, rows, pages)
     for sorted_ in (False, True):
-        out = run_op(op, backend, scores, lengths, k=k, page_table=table, page_size=page_size,
-                     sorted=sorted_)
-        expected = reference_topk(scores, lengths, k, page_table=table, page_size=page_size,
-                                  sorted=sorted_)
+        out = run_op(
+            op, backend, scores, lengths, k=k, page_table=table, page_size=page_size, sorted=sorted_
+        )
+        expected = reference_topk(
+            scores, lengths, k, page_table=table, page_size=page_size, sorted=sorted_
+        )
         np.testing.assert_array_equal(out, expected)
 
 
@@ -86,10 +75,19 @@ def test_table_rows_clamped(op, backend):
     table_rows = np.array([0, 1, 2, -1, 3, 100, np.iinfo(np.int32).min, 1], np.int32)
     scores = make_scores(op, rng, (rows, n))
     lengths = np.full(rows, n, np.int32)
-    out = run_op(op, backend, scores, lengths, k=k, page_table=table, page_size=page_size,
-                 table_rows=table_rows)
-    expected = reference_topk(scores, lengths, k, page_table=table, page_size=page_size,
-                              table_rows=table_rows)
+    out = run_op(
+        op,
+        backend,
+        scores,
+        lengths,
+        k=k,
+        page_table=table,
+        page_size=page_size,
+        table_rows=table_rows,
+    )
+    expected = reference_topk(
+        scores, lengths, k, page_table=table, page_size=page_size, table_rows=table_rows
+    )
     np.testing.assert_array_equal(out, expected)
 
 

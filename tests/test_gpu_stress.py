@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import gpu_devices, run_op
-from jax_topk import _families
+from tests.support import families
+from tests.support.operators import gpu_devices, run_op
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX"),
+]
 
 
 def assert_same_on_both(op, scores, lengths, **kwargs):
@@ -30,8 +32,8 @@ def assert_same_on_both(op, scores, lengths, **kwargs):
 @pytest.mark.parametrize("n", [1, 7, 513, 4097, 8191, 12345, 16384])
 def test_bf16_families(n, k):
     rng = np.random.default_rng(n * 13 + k)
-    for family in sorted(_families.FAMILIES):
-        scores = _families.make(family, rng, (200, n), "bfloat16")
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (200, n), "bfloat16")
         lengths = rng.integers(-2, n + 3, size=200).astype(np.int32)
         lengths[:4] = [n, k - 1, k, k + 1]
         for sorted_ in (False, True):
@@ -63,8 +65,8 @@ def one_coarse_bin(rng, rows, n):
 def test_filtered_families_and_foolers(n, k):
     rng = np.random.default_rng(n * 17 + k)
     rows = 24 if n > 100_000 else 64
-    for family in sorted(_families.FAMILIES):
-        scores = _families.make(family, rng, (rows, n), "float32")
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (rows, n), "float32")
         lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
         lengths[:3] = [n, k, k + 1]
         assert_same_on_both("topk_filtered", scores, lengths, k=k)
@@ -103,17 +105,24 @@ def test_filtered_repeated_calls_and_changing_num_valid_rows():
     scores = rng.standard_normal((40, 70_000)).astype(np.float32)
     lengths = rng.integers(0, 70_001, size=40).astype(np.int32)
     for valid in (40, 3, 0, 17, 40, -1, 100):
-        assert_same_on_both("topk_filtered", scores, lengths, k=512,
-                            num_valid_rows=np.int32(valid))
+        assert_same_on_both("topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid))
 
 
 def test_cuda_graph_replay():
     """Under XLA command buffers (CUDA graphs), replays with a changing num_valid_rows."""
-    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
-               " --xla_gpu_enable_command_buffer=+CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
-    script = Path(__file__).with_name("graph_replay_check.py")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env=env, timeout=600)
+    env = dict(
+        os.environ,
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+        + " --xla_gpu_enable_command_buffer=+CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.checks.graph_replay"],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "graph replay: ok" in result.stdout
 
@@ -125,7 +134,7 @@ def tied_group_rows(rng, rows, n, k, copies):
     for row in out:
         columns = rng.permutation(n)[: k - copies // 2 + copies]
         row[columns[: k - copies // 2]] = 10.0 + np.arange(k - copies // 2, dtype=np.float32) * 1e-3
-        row[columns[k - copies // 2:]] = 5.0
+        row[columns[k - copies // 2 :]] = 5.0
     return out
 
 
@@ -157,7 +166,9 @@ def test_filtered_candidates_past_shared_memory(rows):
     for sorted_ in (False, True):
         assert_same_on_both("topk_filtered", scores, lengths, k=512, sorted=sorted_)
     constant = np.full((rows, 12000), 1.0, np.float32)
-    assert_same_on_both("topk_filtered", constant, np.full(rows, 12000, np.int32), k=2048, sorted=True)
+    assert_same_on_both(
+        "topk_filtered", constant, np.full(rows, 12000, np.int32), k=2048, sorted=True
+    )
 
 
 def test_filtered_whole_rows_of_every_family():
@@ -165,7 +176,7 @@ def test_filtered_whole_rows_of_every_family():
     families and the sample foolers, random lengths, both orders."""
     rng = np.random.default_rng(52)
     for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
-        scores = _families.make(family, rng, (300, 40_000), "float32")
+        scores = families.make(family, rng, (300, 40_000), "float32")
         lengths = rng.integers(-2, 40_003, size=300).astype(np.int32)
         for sorted_ in (False, True):
             assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
@@ -180,8 +191,10 @@ def test_filtered_whole_rows_with_masked_rows():
     scores = rng.standard_normal((300, 20_000)).astype(np.float32)
     lengths = rng.integers(0, 20_001, size=300).astype(np.int32)
     for valid in (137, 0, 300):
-        out = assert_same_on_both("topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid))
-        assert (out[max(valid, 0):] == -1).all()
+        out = assert_same_on_both(
+            "topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(valid)
+        )
+        assert (out[max(valid, 0) :] == -1).all()
 
 
 # On an H200 (132 SMs) 6 x 100003 runs one block an SM (up to 192 KB of scores an SM), and
@@ -193,7 +206,7 @@ def test_filtered_split_rows_of_every_family(rows, n):
     launches of one block an SM and of two."""
     rng = np.random.default_rng(54 + rows)
     for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
-        scores = _families.make(family, rng, (rows, n), "float32")
+        scores = families.make(family, rng, (rows, n), "float32")
         lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
         lengths[:2] = n
         for sorted_ in (False, True):

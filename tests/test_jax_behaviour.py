@@ -1,4 +1,4 @@
-"""SPEC section 6 (jit, vmap, scan, cond, grad) and section 5 (trace-time errors)."""
+"""docs/contract.md section 6 (jit, vmap, scan, cond, grad) and section 5 (trace-time errors)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,21 @@ import numpy as np
 import pytest
 
 import jax_topk
-from conftest import OPS, SCORE_DTYPES, permuted_page_table
-from jax_topk import _families
-from reference import reference_topk
-
-
-def scores_for(op, rng, shape, family="normal"):
-    return _families.make(family, rng, shape, SCORE_DTYPES[op])
+from tests.support.operators import OPS, SCORE_DTYPES, make_scores, permuted_page_table
+from tests.support.reference import reference_topk
 
 
 def test_vmap_matches_loop(op):
     rng = np.random.default_rng(20)
-    scores = scores_for(op, rng, (3, 5, 200))
+    scores = make_scores(op, rng, (3, 5, 200))
     lengths = rng.integers(-3, 210, size=(3, 5)).astype(np.int32)
-    out = jax.vmap(lambda s, l: OPS[op](s, l, k=16))(scores, lengths)
+    out = jax.vmap(lambda s, lens: OPS[op](s, lens, k=16))(scores, lengths)
     np.testing.assert_array_equal(out, reference_topk(scores, lengths, 16))
 
 
 def test_vmap_unmapped_lengths_and_other_axis(op):
     rng = np.random.default_rng(21)
-    scores = scores_for(op, rng, (5, 4, 100))      # mapped over axis 1
+    scores = make_scores(op, rng, (5, 4, 100))  # mapped over axis 1
     lengths = np.array([100, 3, 0, 64, 99], np.int32)
     out = jax.vmap(lambda s: OPS[op](s, lengths, k=8), in_axes=1)(scores)
     expected = np.stack([reference_topk(scores[:, b], lengths, 8) for b in range(4)])
@@ -36,57 +31,75 @@ def test_vmap_unmapped_lengths_and_other_axis(op):
 
 def test_vmap_num_valid_rows_per_call(op):
     rng = np.random.default_rng(22)
-    scores = scores_for(op, rng, (4, 6, 90))
+    scores = make_scores(op, rng, (4, 6, 90))
     lengths = np.full((4, 6), 90, np.int32)
     valid = np.array([0, 2, 6, 9], np.int32)
-    out = jax.jit(jax.vmap(lambda s, l, v: OPS[op](s, l, k=5, num_valid_rows=v)))(
-        scores, lengths, valid)
+    out = jax.jit(jax.vmap(lambda s, lens, v: OPS[op](s, lens, k=5, num_valid_rows=v)))(
+        scores, lengths, valid
+    )
     for b in range(4):
         np.testing.assert_array_equal(
-            out[b], reference_topk(scores[b], lengths[b], 5, num_valid_rows=valid[b]))
+            out[b], reference_topk(scores[b], lengths[b], 5, num_valid_rows=valid[b])
+        )
 
 
 def test_vmap_page_table_with_table_rows(op):
     rng = np.random.default_rng(23)
     batch, rows, n, page_size = 3, 4, 128, 8
-    scores = scores_for(op, rng, (batch, rows, n))
+    scores = make_scores(op, rng, (batch, rows, n))
     lengths = rng.integers(0, n + 1, size=(batch, rows)).astype(np.int32)
     tables = np.stack([permuted_page_table(rng, 2, n // page_size) for _ in range(batch)])
     table_rows = rng.integers(-1, 4, size=(batch, rows)).astype(np.int32)
-    fn = lambda s, l, t, tr: OPS[op](s, l, k=12, page_table=t, page_size=page_size,
-                                     table_rows=tr)
+
+    def fn(s, lens, t, tr):
+        return OPS[op](s, lens, k=12, page_table=t, page_size=page_size, table_rows=tr)
+
     out = jax.vmap(fn)(scores, lengths, tables, table_rows)
     for b in range(batch):
-        expected = reference_topk(scores[b], lengths[b], 12, page_table=tables[b],
-                                  page_size=page_size, table_rows=table_rows[b])
+        expected = reference_topk(
+            scores[b],
+            lengths[b],
+            12,
+            page_table=tables[b],
+            page_size=page_size,
+            table_rows=table_rows[b],
+        )
         np.testing.assert_array_equal(out[b], expected)
     shared = jax.vmap(fn, in_axes=(0, 0, None, 0))(scores, lengths, tables[0], table_rows)
     for b in range(batch):
-        expected = reference_topk(scores[b], lengths[b], 12, page_table=tables[0],
-                                  page_size=page_size, table_rows=table_rows[b])
+        expected = reference_topk(
+            scores[b],
+            lengths[b],
+            12,
+            page_table=tables[0],
+            page_size=page_size,
+            table_rows=table_rows[b],
+        )
         np.testing.assert_array_equal(shared[b], expected)
 
 
 def test_scan_and_cond(op):
     rng = np.random.default_rng(24)
-    scores = scores_for(op, rng, (5, 3, 64))
+    scores = make_scores(op, rng, (5, 3, 64))
     lengths = np.full((5, 3), 50, np.int32)
 
     def step(carry, xs):
-        s, l = xs
-        picked = jax.lax.cond(carry > 2, lambda: OPS[op](s, l, k=4),
-                              lambda: OPS[op](s, l, k=4, sorted=True))
+        s, lens = xs
+        picked = jax.lax.cond(
+            carry > 2, lambda: OPS[op](s, lens, k=4), lambda: OPS[op](s, lens, k=4, sorted=True)
+        )
         return carry + 1, picked
 
-    _, out = jax.jit(lambda s, l: jax.lax.scan(step, 0, (s, l)))(scores, lengths)
+    _, out = jax.jit(lambda s, lens: jax.lax.scan(step, 0, (s, lens)))(scores, lengths)
     for i in range(5):
-        np.testing.assert_array_equal(out[i], reference_topk(scores[i], lengths[i], 4,
-                                                             sorted=i <= 2))
+        np.testing.assert_array_equal(
+            out[i], reference_topk(scores[i], lengths[i], 4, sorted=i <= 2)
+        )
 
 
 def test_grad_through_gather(op):
     rng = np.random.default_rng(25)
-    scores = scores_for(op, rng, (4, 50)).astype(np.float32)
+    scores = make_scores(op, rng, (4, 50)).astype(np.float32)
     lengths = np.full(4, 50, np.int32)
 
     def loss(x):
@@ -98,13 +111,16 @@ def test_grad_through_gather(op):
     expected = np.zeros_like(scores)
     np.put_along_axis(expected, idx, 1.0, axis=1)
     np.testing.assert_array_equal(grad, expected)
-    _, tangent = jax.jvp(lambda x: OPS[op](x, lengths, k=5),
-                         (jnp.asarray(scores.astype(SCORE_DTYPES[op])),),
-                         (jnp.ones_like(scores, SCORE_DTYPES[op]),))
+    _, tangent = jax.jvp(
+        lambda x: OPS[op](x, lengths, k=5),
+        (jnp.asarray(scores.astype(SCORE_DTYPES[op])),),
+        (jnp.ones_like(scores, SCORE_DTYPES[op]),),
+    )
     assert tangent.dtype == jax.dtypes.float0
 
 
-# --- errors (SPEC section 5) --------------------------------------------------------------
+# --- errors (docs/contract.md section 5) ---------------------------------------------------
+
 
 def _call(op, **overrides):
     args = dict(scores=jnp.zeros((4, 64), SCORE_DTYPES[op]), lengths=jnp.zeros((4,), jnp.int32))
@@ -113,22 +129,36 @@ def _call(op, **overrides):
     return OPS[op](scores, lengths, **args)
 
 
-@pytest.mark.parametrize("overrides,error,words", [
-    (dict(k=0), ValueError, ["k=0", "2048"]),
-    (dict(k=2049), ValueError, ["k=2049", "2048"]),
-    (dict(k=3.0), TypeError, ["k"]),
-    (dict(lengths=jnp.zeros((5,), jnp.int32)), ValueError, ["lengths", "(5,)", "(4,)"]),
-    (dict(lengths=jnp.zeros((4,), jnp.float32)), TypeError, ["lengths", "float32"]),
-    (dict(page_size=3, page_table=jnp.zeros((4, 64), jnp.int32)), ValueError,
-     ["page_size=3", "power of two"]),
-    (dict(page_table=jnp.zeros((4, 3), jnp.int32), page_size=16), ValueError,
-     ["page_table", "3 * 16", "n = 64"]),
-    (dict(page_table=jnp.zeros((5, 64), jnp.int32)), ValueError, ["page_table", "(5, 64)"]),
-    (dict(table_rows=jnp.zeros((4,), jnp.int32)), ValueError, ["table_rows", "page_table"]),
-    (dict(page_table=jnp.zeros((4, 64), jnp.float32)), TypeError, ["page_table", "int32"]),
-    (dict(scores=jnp.zeros((2, 3, 64)), lengths=jnp.zeros((2, 3), jnp.int32),
-          num_valid_rows=1), None, ["num_valid_rows", "2-D"]),
-])
+@pytest.mark.parametrize(
+    "overrides,error,words",
+    [
+        (dict(k=0), ValueError, ["k=0", "2048"]),
+        (dict(k=2049), ValueError, ["k=2049", "2048"]),
+        (dict(k=3.0), TypeError, ["k"]),
+        (dict(lengths=jnp.zeros((5,), jnp.int32)), ValueError, ["lengths", "(5,)", "(4,)"]),
+        (dict(lengths=jnp.zeros((4,), jnp.float32)), TypeError, ["lengths", "float32"]),
+        (
+            dict(page_size=3, page_table=jnp.zeros((4, 64), jnp.int32)),
+            ValueError,
+            ["page_size=3", "power of two"],
+        ),
+        (
+            dict(page_table=jnp.zeros((4, 3), jnp.int32), page_size=16),
+            ValueError,
+            ["page_table", "3 * 16", "n = 64"],
+        ),
+        (dict(page_table=jnp.zeros((5, 64), jnp.int32)), ValueError, ["page_table", "(5, 64)"]),
+        (dict(table_rows=jnp.zeros((4,), jnp.int32)), ValueError, ["table_rows", "page_table"]),
+        (dict(page_table=jnp.zeros((4, 64), jnp.float32)), TypeError, ["page_table", "int32"]),
+        (
+            dict(
+                scores=jnp.zeros((2, 3, 64)), lengths=jnp.zeros((2, 3), jnp.int32), num_valid_rows=1
+            ),
+            None,
+            ["num_valid_rows", "2-D"],
+        ),
+    ],
+)
 def test_errors(op, overrides, error, words):
     if "scores" in overrides:
         overrides["scores"] = overrides["scores"].astype(SCORE_DTYPES[op])

@@ -13,9 +13,13 @@
 
 namespace jax_topk {
 
-constexpr int kMaxK = 2048;             // both operators: 1 <= k <= kMaxK
-constexpr int kMaxBf16Width = 16384;    // topk_bf16: a whole row fits one block's registers
-constexpr int32_t kEmptySlot = -1;      // output slots past the number of candidates
+constexpr int kMaxK = 2048;                // both operators: 1 <= k <= kMaxK
+constexpr int kMaxBf16Width = 16384;       // topk_bf16: a whole row fits one block's registers
+constexpr int64_t kMaxWidth = 2147483647;  // int32 column indices
+// The small-row kernel (top_k): a warp a row, the row in its registers, a few winners.
+constexpr int kSmallRowsMaxWidth = 1024;
+constexpr int kSmallRowsMaxK = 32;
+constexpr int32_t kEmptySlot = -1;  // output slots past the number of candidates
 
 // Ordered keys: unsigned compare of the key == IEEE total order of the value
 // (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN). Negative values have all bits flipped
@@ -34,11 +38,17 @@ TOPK_HOST_DEVICE uint32_t BitsFromOrderedKeyF32(uint32_t key) {
 TOPK_HOST_DEVICE uint16_t BitsFromOrderedKeyBf16(uint32_t key) {
   return static_cast<uint16_t>((key & 0x8000u) ? (key & 0x7FFFu) : (~key & 0xFFFFu));
 }
-TOPK_HOST_DEVICE bool IsNanF32(uint32_t bits) { return (bits & 0x7FFFFFFFu) > 0x7F800000u; }
-TOPK_HOST_DEVICE bool IsNanBf16(uint16_t bits) { return (bits & 0x7FFFu) > 0x7F80u; }
+TOPK_HOST_DEVICE bool IsNanF32(uint32_t bits) {
+  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
+}
+TOPK_HOST_DEVICE bool IsNanBf16(uint16_t bits) {
+  return (bits & 0x7FFFu) > 0x7F80u;
+}
 // float16 orders by the same sign-magnitude transform as bfloat16 (OrderedKeyBf16 serves
 // both); only its NaN differs: a 5-bit exponent, so NaN is above 0x7C00 (+inf).
-TOPK_HOST_DEVICE bool IsNanF16(uint16_t bits) { return (bits & 0x7FFFu) > 0x7C00u; }
+TOPK_HOST_DEVICE bool IsNanF16(uint16_t bits) {
+  return (bits & 0x7FFFu) > 0x7C00u;
+}
 // -inf's bits, written as the value of an empty (-1) slot.
 constexpr uint32_t kNegInfF32Bits = 0xFF800000u;
 constexpr uint16_t kNegInfBf16Bits = 0xFF80u;
@@ -50,8 +60,8 @@ TOPK_HOST_DEVICE int64_t ClampLength(int32_t length, int64_t width) {
 }
 
 // Rows come in equal groups of rows_per_group consecutive rows (one group in the plain case,
-// one per vmapped call, finer pieces on a shard); row r is valid iff r % rows_per_group < clamp(num_valid_rows[group], 0, rows_per_group).
-// A null num_valid_rows means every row is valid.
+// one per vmapped call, finer pieces on a shard); row r is valid iff r % rows_per_group <
+// clamp(num_valid_rows[group], 0, rows_per_group). A null num_valid_rows means every row is valid.
 TOPK_HOST_DEVICE bool RowIsValid(int64_t row, const int32_t* num_valid_rows,
                                  int64_t rows_per_group) {
   if (num_valid_rows == nullptr) return true;
@@ -75,7 +85,8 @@ TOPK_HOST_DEVICE int32_t PageTransform(int32_t column, const int32_t* page_table
                                        int32_t log2_page_size) {
   if (page_table_row == nullptr) return column;
   // Unsigned arithmetic: a negative (unmapped) page wraps the same way on every compiler.
-  const uint64_t page = static_cast<uint64_t>(static_cast<int64_t>(page_table_row[column >> log2_page_size]));
+  const uint64_t page =
+      static_cast<uint64_t>(static_cast<int64_t>(page_table_row[column >> log2_page_size]));
   const uint64_t offset = static_cast<uint64_t>(column) & ((uint64_t{1} << log2_page_size) - 1);
   return static_cast<int32_t>(static_cast<uint32_t>((page << log2_page_size) + offset));
 }

@@ -31,10 +31,11 @@ constexpr size_t FilteredWorkspaceBytes(int64_t rows, int64_t width, int32_t k) 
   if (rows <= 0 || width <= 0) return static_cast<size_t>(kFilteredHeaderBytes);
   const int64_t slice_entries = width < kFilteredSliceEntries ? width : kFilteredSliceEntries;
   const int64_t useful_parts = FilteredUsefulParts(width);
-  const int64_t parts_per_row = useful_parts < kFilteredMaxSplitParts ? useful_parts : kFilteredMaxSplitParts;
+  const int64_t parts_per_row =
+      useful_parts < kFilteredMaxSplitParts ? useful_parts : kFilteredMaxSplitParts;
   // rows * parts_per_row bounds the blocks any launch can use (compared by division: no overflow).
-  const int64_t workers = rows > kFilteredWorkerSlots / parts_per_row ? kFilteredWorkerSlots
-                                                                       : rows * parts_per_row;
+  const int64_t workers =
+      rows > kFilteredWorkerSlots / parts_per_row ? kFilteredWorkerSlots : rows * parts_per_row;
   return static_cast<size_t>(kFilteredHeaderBytes + workers * slice_entries * 8);
 }
 

@@ -1,6 +1,6 @@
 // One top-k call as plain pointers and sizes: the contract between the FFI bindings (which
-// decode XLA buffers into it) and the algorithms (CPU in cpu/topk_cpu.cc, CUDA in kernels/topk_*.cu),
-// which know nothing of XLA.
+// decode XLA buffers into it) and the algorithms (CPU in cpu/topk_cpu.cc, CUDA in
+// kernels/topk_*.cu), which know nothing of XLA.
 #pragma once
 
 #include <cstddef>
@@ -13,13 +13,13 @@ namespace jax_topk {
 enum class ScoreType : int32_t { kFloat32, kBfloat16, kFloat16 };
 
 struct TopkProblem {
-  const void* scores = nullptr;   // [rows, width], row-major, elements of score_type
+  const void* scores = nullptr;  // [rows, width], row-major, elements of score_type
   ScoreType score_type = ScoreType::kFloat32;
   int64_t rows = 0;
-  int64_t width = 0;              // n, the allocated row length
+  int64_t width = 0;                 // n, the allocated row length
   const int32_t* lengths = nullptr;  // [rows], clamped with ClampLength
-  int32_t k = 1;                  // 1 <= k <= kMaxK (checked at trace time)
-  bool sorted = false;            // false: ascending columns; true: value desc, column asc
+  int32_t k = 1;                     // 1 <= k <= kMaxK (checked at trace time)
+  bool sorted = false;               // false: ascending columns; true: value desc, column asc
 
   // Page transform; page_table == nullptr means the identity.
   const int32_t* page_table = nullptr;  // [table_count, pages]
@@ -32,7 +32,7 @@ struct TopkProblem {
   const int32_t* num_valid_rows = nullptr;  // [rows / rows_per_group]
   int64_t rows_per_group = 1;
 
-  int32_t* out = nullptr;         // [rows, k]
+  int32_t* out = nullptr;  // [rows, k]
   // [rows, k] in score_type: the value of each selected column (-inf in -1 slots), written
   // where the winners are written; nullptr when only the indices are wanted.
   void* values = nullptr;

@@ -1,4 +1,4 @@
-// CPU top-k for both operators: per row, an exact radix select on the ordered key (a
+// CPU top-k for every target and score type: per row, an exact radix select on the ordered key (a
 // histogram pass over the row for the top digit, a pass that keeps the keys in the
 // boundary's bin, then digits over that shrinking set), then one pass that takes every key
 // above the k-th largest and, of the keys equal to it, the lowest columns. O(n) per row,
@@ -18,14 +18,20 @@
 namespace jax_topk {
 namespace {
 
-// How each score type reads as an ordered key, and the radix digits (high to low) that
-// cover that key.
+// How each score type reads as an ordered key, the radix digits (high to low) that cover
+// that key, and the bits an empty slot's value holds. bfloat16 and float16 share the
+// 16-bit key transform; only their NaN (and -inf) differ.
 struct Bf16Scores {
   using Bits = uint16_t;
   static constexpr int kDigitBits[] = {8, 8};
   static bool IsNan(Bits bits) { return IsNanBf16(bits); }
   static uint32_t Key(Bits bits) { return OrderedKeyBf16(bits); }
   static constexpr int kKeyBits = 16;
+  static constexpr Bits kNegInf = kNegInfBf16Bits;
+};
+struct F16Scores : Bf16Scores {
+  static bool IsNan(Bits bits) { return IsNanF16(bits); }
+  static constexpr Bits kNegInf = kNegInfF16Bits;
 };
 struct F32Scores {
   using Bits = uint32_t;
@@ -33,6 +39,7 @@ struct F32Scores {
   static bool IsNan(Bits bits) { return IsNanF32(bits); }
   static uint32_t Key(Bits bits) { return OrderedKeyF32(bits); }
   static constexpr int kKeyBits = 32;
+  static constexpr Bits kNegInf = kNegInfF32Bits;
 };
 
 struct Selected {
@@ -126,10 +133,20 @@ void TopkRows(const TopkProblem& p, int64_t first_row, int64_t end_row, RowScrat
     int32_t* out = p.out + r * p.k;
     if (!RowIsValid(r, p.num_valid_rows, p.rows_per_group)) {
       std::fill(out, out + p.k, kEmptySlot);
+      if (p.values != nullptr) {
+        auto* values = static_cast<typename Scores::Bits*>(p.values) + r * p.k;
+        std::fill(values, values + p.k, Scores::kNegInf);
+      }
       continue;
     }
     const int64_t length = ClampLength(p.lengths[r], p.width);
-    SelectRow<Scores>(scores + r * p.width, length, p.k, p.sorted, scratch, out);
+    const typename Scores::Bits* row = scores + r * p.width;
+    SelectRow<Scores>(row, length, p.k, p.sorted, scratch, out);
+    if (p.values != nullptr) {  // before the page transform: the slots still hold columns
+      auto* values = static_cast<typename Scores::Bits*>(p.values) + r * p.k;
+      for (int32_t s = 0; s < p.k; ++s)
+        values[s] = out[s] == kEmptySlot ? Scores::kNegInf : row[out[s]];
+    }
     if (p.page_table == nullptr) continue;
     const int32_t* table_row = p.page_table + TableRowFor(r, p.table_rows, p.table_count) * p.pages;
     for (int32_t s = 0; s < p.k && out[s] != kEmptySlot; ++s) {
@@ -185,12 +202,15 @@ void TopkParallel(const TopkProblem& p, const ScheduleTask& schedule, int64_t po
 
 }  // namespace
 
-void TopkBf16Cpu(const TopkProblem& problem, const ScheduleTask& schedule, int64_t pool_threads) {
-  TopkParallel<Bf16Scores>(problem, schedule, pool_threads);
-}
-void TopkFilteredCpu(const TopkProblem& problem, const ScheduleTask& schedule,
-                     int64_t pool_threads) {
-  TopkParallel<F32Scores>(problem, schedule, pool_threads);
+void TopkCpu(const TopkProblem& problem, const ScheduleTask& schedule, int64_t pool_threads) {
+  switch (problem.score_type) {
+    case ScoreType::kFloat32:
+      return TopkParallel<F32Scores>(problem, schedule, pool_threads);
+    case ScoreType::kBfloat16:
+      return TopkParallel<Bf16Scores>(problem, schedule, pool_threads);
+    case ScoreType::kFloat16:
+      return TopkParallel<F16Scores>(problem, schedule, pool_threads);
+  }
 }
 
 }  // namespace jax_topk

@@ -13,10 +13,8 @@ namespace jax_topk {
 using ScheduleTask = std::function<void(std::function<void()>)>;
 
 // Rows are spread over the calling thread and up to `pool_threads` scheduled helpers.
-// problem.scores holds bf16 bits (uint16) per element.
-void TopkBf16Cpu(const TopkProblem& problem, const ScheduleTask& schedule, int64_t pool_threads);
-// problem.scores holds float32 per element.
-void TopkFilteredCpu(const TopkProblem& problem, const ScheduleTask& schedule,
-                     int64_t pool_threads);
+// Serves every target: the result depends only on the problem (its score_type included),
+// which is what makes each kernel's output checkable against it bit for bit.
+void TopkCpu(const TopkProblem& problem, const ScheduleTask& schedule, int64_t pool_threads);
 
 }  // namespace jax_topk

@@ -1,14 +1,15 @@
-// topk_bf16: exact row-wise top-k of bf16 scores, one 512-thread block per row (SPEC section 1).
-// Each thread loads a contiguous slice of scores (8-32, sized by the row's length) once and keeps
-// the raw bits in registers; columns >= length read as -inf and are taken back out of every count.
-// Two 256-bin shared histograms of raw bytes (high byte, then low byte under the pivot's high
-// byte; one warp walks each in value order) find the k-th largest value exactly; bf16x2 compares
-// against it give one bit per element, and one block scan of (greater, equal) counts gives each
-// thread its output position and its share of the equal quota (lowest columns first), so the
-// selection is staged in ascending column order; sorted=true adds a stable block radix sort.
-// NaN: a row holding any is rewritten to -inf in registers with those columns excluded (rare path).
-// Traffic: each score read once (16-byte loads on aligned rows, nothing at or past the row's
-// length), one coalesced page-transformed store of k int32 per row; no workspace, no host sync.
+// topk_bf16: exact row-wise top-k of bf16 scores, one 512-thread block per row
+// (docs/contract.md section 1). Per row, one device function a phase:
+//  1. LoadRow: each thread keeps a contiguous slice (8-32 columns, sized by the row's length) as
+//     raw bits in registers; columns >= length read as -inf and are taken back out of every
+//     count; NaNs (rare) are rewritten to -inf with their columns excluded.
+//  2. FindHighBin: a 256-bin shared histogram of raw high bytes, one warp walks it in value order.
+//  3. RefinePivot: the same over the low bytes under that high byte: the k-th value, exactly.
+//  4. TakeWinners: bf16x2 compares give (greater, equal) bits; one block scan of their counts gives
+//     each thread its output slot and its share of the equal quota (lowest columns first).
+//  5. StoreWinners: staged in column order (sorted=true: a stable block radix sort), then stored.
+// Traffic: each score read once (16-byte loads on aligned rows), one coalesced page-transformed
+// store of k int32 per row; no workspace, no host sync.
 // Limits: width <= kMaxBf16Width = 512 * 32, k <= kMaxK (staged in shared memory), rows < 2^31.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -147,8 +148,8 @@ __device__ __forceinline__ void LoadWords(const uint16_t* scores, uint32_t* word
 // `end`. Whole vectors where they lie before `end`; scalar loads for the vector that straddles it
 // (and everywhere when the row is only 2-byte aligned: kElemsPerLoad == 1).
 template <int kElemsPerThread, int kElemsPerLoad>
-__device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int first_column,
-                                              int end, uint32_t (&pairs)[kElemsPerThread / 2]) {
+__device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int first_column, int end,
+                                              uint32_t (&pairs)[kElemsPerThread / 2]) {
   constexpr int kElemsPerStep = kElemsPerLoad > 2 ? kElemsPerLoad : 2;
 #pragma unroll
   for (int step = 0; step < kElemsPerThread / kElemsPerStep; ++step) {
@@ -223,7 +224,8 @@ __device__ __forceinline__ void WarpFindBin(const int* histogram, bool high_slot
   const int slot = static_cast<int>(high_slots ? HighSlot(base) : base);
   const int4 first = *reinterpret_cast<const int4*>(histogram + slot);
   const int4 second = *reinterpret_cast<const int4*>(histogram + slot + 4);
-  const int counts[8] = {first.x, first.y, first.z, first.w, second.x, second.y, second.z, second.w};
+  const int counts[8] = {first.x,  first.y,  first.z,  first.w,
+                         second.x, second.y, second.z, second.w};
   int lane_count = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) lane_count += counts[i];
@@ -246,79 +248,84 @@ __device__ __forceinline__ void WarpFindBin(const int* histogram, bool high_slot
   }
 }
 
+// A thread's slice of its row, in registers: thread t owns columns
+// [t * slice_elems, (t + 1) * slice_elems), so thread order is still column order. Register slots
+// past slice_elems hold fill and are never histogrammed (active_pairs is the same for the whole
+// block, so skipping them does not diverge).
+template <int kElemsPerThread>
+struct RowSlice {
+  uint32_t pairs[kElemsPerThread / 2];
+  int first_column;
+  int active_pairs;
+  uint32_t valid_bits;  // which elements may be selected, in pair layout
+  int filled;           // fill values inside the histogrammed slice (past the length, or NaN)
+};
+
+// Phase 1, load the row: zeroes the histograms and loads this thread's slice; a row holding any
+// NaN rewrites it to the fill value (-inf) with its column dropped. Every thread calls it; its
+// one barrier also publishes the zeroed histograms.
 template <int kElemsPerThread, int kSortItemsPerThread>
-__global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerThread>())
-    TopkBf16Kernel(const TopkProblem problem) {
-  constexpr bool kSorted = kSortItemsPerThread > 0;
+__device__ __forceinline__ void LoadRow(RowShared<kSortItemsPerThread>& shared,
+                                        const TopkProblem& problem, int64_t row, int length,
+                                        RowSlice<kElemsPerThread>& slice) {
   constexpr int kPairsPerThread = kElemsPerThread / 2;
-  __shared__ RowShared<kSortItemsPerThread> shared;
-
-  const int64_t row = blockIdx.x;
   const int thread = threadIdx.x;
-  const int lane = thread & 31;
-  const int warp = thread >> 5;
-  const int k = problem.k;
-  int32_t* row_out = problem.out + row * k;
-
-  if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
-    for (int slot = thread; slot < k; slot += kThreadsPerRow) row_out[slot] = kEmptySlot;
-    return;
-  }
-  const int length = static_cast<int>(
-      problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
-                                 : problem.width);
-
-  int* const high_histogram = shared.histograms.high;
-  int* const low_histogram = shared.histograms.low;
-  if (thread < kRadixBins) high_histogram[thread] = 0;
-  if (thread <= kSpillBin) low_histogram[thread] = 0;
+  if (thread < kRadixBins) shared.histograms.high[thread] = 0;
+  if (thread <= kSpillBin) shared.histograms.low[thread] = 0;
   const uint16_t* row_scores = static_cast<const uint16_t*>(problem.scores) + row * problem.width;
-  // Thread t owns columns [t * slice_elems, (t + 1) * slice_elems): thread order is still
-  // column order. Register slots past slice_elems hold fill and are never histogrammed
-  // (active_pairs is the same for the whole block, so skipping them does not diverge).
   const int slice_elems = SliceElems<kElemsPerThread>(length);
-  const int active_pairs = slice_elems / 2;
-  const int first_column = thread * slice_elems;
-  const int valid_elems = max(0, min(length - first_column, slice_elems));
-  uint32_t pairs[kPairsPerThread];
-  LoadSlice<kElemsPerThread>(row_scores, first_column, first_column + valid_elems, pairs);
+  slice.active_pairs = slice_elems / 2;
+  slice.first_column = thread * slice_elems;
+  const int valid_elems = max(0, min(length - slice.first_column, slice_elems));
+  LoadSlice<kElemsPerThread>(row_scores, slice.first_column, slice.first_column + valid_elems,
+                             slice.pairs);
 
-  // Which elements may be selected, in pair layout: the columns before the length, minus NaNs.
-  uint32_t valid_bits = FirstElementsInPairLayout(valid_elems);
+  // The columns before the length, minus NaNs.
+  slice.valid_bits = FirstElementsInPairLayout(valid_elems);
   uint32_t nan_lanes = 0;
 #pragma unroll
   for (int pair = 0; pair < kPairsPerThread; ++pair) {
-    if (pair >= active_pairs) break;
-    nan_lanes |= __hneu2_mask(AsBf16x2(pairs[pair]), AsBf16x2(pairs[pair]));
+    if (pair >= slice.active_pairs) break;
+    nan_lanes |= __hneu2_mask(AsBf16x2(slice.pairs[pair]), AsBf16x2(slice.pairs[pair]));
   }
-  // The barrier also publishes the zeroed histograms.
   if (__syncthreads_or(nan_lanes != 0)) {
     // Rare: NaN anywhere in the row. Rewrite each NaN to the fill value (-inf) and drop its
     // column, so the passes and the compares below need no NaN test of their own.
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      const uint32_t nan_mask = __hneu2_mask(AsBf16x2(pairs[pair]), AsBf16x2(pairs[pair]));
-      valid_bits &= ~(nan_mask & (0x00010001u << pair));
-      pairs[pair] = (pairs[pair] & ~nan_mask) | (kFillPair & nan_mask);
+      const uint32_t nan_mask =
+          __hneu2_mask(AsBf16x2(slice.pairs[pair]), AsBf16x2(slice.pairs[pair]));
+      slice.valid_bits &= ~(nan_mask & (0x00010001u << pair));
+      slice.pairs[pair] = (slice.pairs[pair] & ~nan_mask) | (kFillPair & nan_mask);
     }
   }
-  // Fill values inside the histogrammed slice: the columns past the length, and the NaNs.
-  const int filled = slice_elems - __popc(valid_bits);
+  slice.filled = slice_elems - __popc(slice.valid_bits);
+}
 
-  // Pass 1: raw high byte. The fill (-inf) is counted too (no test per element), then taken out.
+// Phase 2, the high byte: a histogram of the raw high bytes and one warp's walk of it in value
+// order find the bin of the k-th largest value. Returns the row's candidates (valid scores);
+// shared.high_bin and shared.above_high_bin hold the bin. Every thread calls it; two barriers.
+template <int kElemsPerThread, int kSortItemsPerThread>
+__device__ __forceinline__ int FindHighBin(RowShared<kSortItemsPerThread>& shared,
+                                           const RowSlice<kElemsPerThread>& slice, int length,
+                                           int k) {
+  constexpr int kPairsPerThread = kElemsPerThread / 2;
+  const int lane = threadIdx.x & 31;
+  int* const high_histogram = shared.histograms.high;
+  // The fill (-inf) is counted too (no test per element), then taken out.
   // __byte_perm(x, 0, 0x444b) is byte b of x, zero-extended: one instruction per slot.
-  if (first_column < length) {
+  if (slice.first_column < length) {
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      if (pair >= active_pairs) break;
-      const uint32_t slots = HighSlotsOfPair(pairs[pair]);
+      if (pair >= slice.active_pairs) break;
+      const uint32_t slots = HighSlotsOfPair(slice.pairs[pair]);
       atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4441)], 1);
       atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4443)], 1);
     }
-    if (filled > 0) atomicSub(&high_histogram[HighSlot(kFillHighByte)], filled);
+    if (slice.filled > 0) atomicSub(&high_histogram[HighSlot(kFillHighByte)], slice.filled);
   }
   __syncthreads();
-  if (warp == 0) {
+  if ((threadIdx.x >> 5) == 0) {
     // Lanes 0-15 walk the positive half (raw 127 down to 0), lanes 16-31 the negative half
     // (raw 128 up to 255: larger raw bits are more negative).
     const int base = lane < 16 ? 120 - 8 * lane : 8 * lane;
@@ -326,35 +333,50 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
                 &shared.above_high_bin, &shared.candidates);
   }
   __syncthreads();
-  const int candidates = shared.candidates;
+  return shared.candidates;
+}
 
-  // Take every value > pivot and the first `quota` values == pivot. With no more candidates than
-  // k, pivot = -inf and an unbounded quota take exactly the valid columns.
+// The selection's boundary: every value > bits is taken, and the first `quota` values == bits.
+struct Pivot {
+  uint32_t bits;
+  int quota;
+};
+
+// Phase 3, the low byte: with more candidates than k, a histogram of the low bytes of the values
+// under the pivot's high byte (one warp walks it) settles the pivot exactly. With no more than k,
+// pivot = -inf and an unbounded quota take exactly the valid columns. Every thread calls it with
+// block-uniform `candidates`; two barriers when it refines.
+template <int kElemsPerThread, int kSortItemsPerThread>
+__device__ __forceinline__ Pivot RefinePivot(RowShared<kSortItemsPerThread>& shared,
+                                             const RowSlice<kElemsPerThread>& slice, int length,
+                                             int k, int candidates) {
+  constexpr int kPairsPerThread = kElemsPerThread / 2;
+  const int lane = threadIdx.x & 31;
+  int* const low_histogram = shared.histograms.low;
   uint32_t pivot = kFillBits;
   int quota = kMaxBf16Width;
   if (candidates > k) {
-    // Pass 2: raw low byte of the values under the pivot's high byte (fill again counted and
-    // taken back out when it shares that high byte).
+    // The fill again counted and taken back out when it shares the pivot's high byte.
     const uint32_t high_bin = shared.high_bin;
     const int rank_in_bin = k - shared.above_high_bin;
     // XOR with the pivot's high byte in both halves zeroes the high byte of exactly the values
     // under it, so min(half, kSpillBin) is their low byte and sends every other value to the
     // spill bin: 4-5 instructions per value, no branch.
     const uint32_t high_bin_pattern = (high_bin << 24) | (high_bin << 8);
-    if (first_column < length) {
+    if (slice.first_column < length) {
 #pragma unroll
       for (int pair = 0; pair < kPairsPerThread; ++pair) {
-        if (pair >= active_pairs) break;
-        const uint32_t marked = pairs[pair] ^ high_bin_pattern;
+        if (pair >= slice.active_pairs) break;
+        const uint32_t marked = slice.pairs[pair] ^ high_bin_pattern;
         atomicAdd(&low_histogram[min(marked & 0xFFFFu, uint32_t{kSpillBin})], 1);
         atomicAdd(&low_histogram[min(marked >> 16, uint32_t{kSpillBin})], 1);
       }
-      if (filled > 0 && high_bin == kFillHighByte) {
-        atomicSub(&low_histogram[kFillLowByte], filled);
+      if (slice.filled > 0 && high_bin == kFillHighByte) {
+        atomicSub(&low_histogram[kFillLowByte], slice.filled);
       }
     }
     __syncthreads();
-    if (warp == 0) {
+    if ((threadIdx.x >> 5) == 0) {
       // Under a positive high byte larger raw low bytes are larger values; under a negative one,
       // smaller.
       const bool positive = high_bin < 0x80u;
@@ -366,39 +388,55 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
     pivot = (high_bin << 8) | static_cast<uint32_t>(shared.low_bin);
     quota = rank_in_bin - shared.above_low_bin;
   }
-  const int selected = candidates < k ? candidates : k;
+  return {pivot, quota};
+}
 
-  // (greater, equal) flags in pair layout. bf16x2 compares are exact against any pivot that is
-  // neither zero nor subnormal (they treat -0 == +0, and a flushing compare would blur
-  // subnormals); for those rare pivots, compare ordered keys instead.
+// What a thread takes: its winners' bits in column order (bit i = column first_column + i) and
+// the output slot of the first.
+struct Taken {
+  uint32_t bits;
+  int position;
+};
+
+// Phase 4, select with the equal quota: (greater, equal) flags against the pivot, and one block
+// scan of their counts gives each thread its first output slot and its share of the equal quota
+// (the lowest columns first). Every thread calls it; one barrier.
+template <int kElemsPerThread, int kSortItemsPerThread>
+__device__ __forceinline__ Taken TakeWinners(RowShared<kSortItemsPerThread>& shared,
+                                             const RowSlice<kElemsPerThread>& slice,
+                                             const Pivot& pivot) {
+  constexpr int kPairsPerThread = kElemsPerThread / 2;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  // bf16x2 compares are exact against any pivot that is neither zero nor subnormal (they treat
+  // -0 == +0, and a flushing compare would blur subnormals); for those rare pivots, compare
+  // ordered keys instead. Flags in pair layout.
   uint32_t greater_bits = 0;
   uint32_t equal_bits = 0;
-  if ((pivot & 0x7F80u) != 0) {
-    const __nv_bfloat162 pivot_pair = AsBf16x2(pivot * 0x00010001u);
+  if ((pivot.bits & 0x7F80u) != 0) {
+    const __nv_bfloat162 pivot_pair = AsBf16x2(pivot.bits * 0x00010001u);
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      if (pair >= active_pairs) break;
-      greater_bits |= __hgt2_mask(AsBf16x2(pairs[pair]), pivot_pair) & (0x00010001u << pair);
-      equal_bits |= __heq2_mask(AsBf16x2(pairs[pair]), pivot_pair) & (0x00010001u << pair);
+      if (pair >= slice.active_pairs) break;
+      greater_bits |= __hgt2_mask(AsBf16x2(slice.pairs[pair]), pivot_pair) & (0x00010001u << pair);
+      equal_bits |= __heq2_mask(AsBf16x2(slice.pairs[pair]), pivot_pair) & (0x00010001u << pair);
     }
   } else {
-    const uint32_t pivot_key = OrderedKeyBf16(static_cast<uint16_t>(pivot));
+    const uint32_t pivot_key = OrderedKeyBf16(static_cast<uint16_t>(pivot.bits));
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      if (pair >= active_pairs) break;
-      const uint32_t low_key = OrderedKeyBf16(static_cast<uint16_t>(pairs[pair]));
-      const uint32_t high_key = OrderedKeyBf16(static_cast<uint16_t>(pairs[pair] >> 16));
+      if (pair >= slice.active_pairs) break;
+      const uint32_t low_key = OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair]));
+      const uint32_t high_key = OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair] >> 16));
       greater_bits |= (static_cast<uint32_t>(low_key > pivot_key) << pair) |
                       (static_cast<uint32_t>(high_key > pivot_key) << (16 + pair));
       equal_bits |= (static_cast<uint32_t>(low_key == pivot_key) << pair) |
                     (static_cast<uint32_t>(high_key == pivot_key) << (16 + pair));
     }
   }
-  greater_bits &= valid_bits;
-  equal_bits &= valid_bits;
+  greater_bits &= slice.valid_bits;
+  equal_bits &= slice.valid_bits;
 
-  // Thread order is column order, so one exclusive scan of (greater, equal) counts gives each
-  // thread its first output slot and how many pivot-equal values lower columns already took.
   // Both counts are <= kMaxBf16Width < 2^16, so they pack into one int.
   const int equal_count = __popc(equal_bits);
   const int packed = (__popc(greater_bits) << 16) | equal_count;
@@ -408,17 +446,35 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
   if (lane == 31) shared.warp_counts[warp] = inclusive;
   __syncthreads();
   const int lower_warp_count = lane < warp ? shared.warp_counts[lane] : 0;
-  const int before = static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) +
-                     inclusive - packed;
+  const int before =
+      static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) + inclusive - packed;
   const int greater_before = before >> 16;
   const int equal_before = before & 0xFFFF;
-  int position = greater_before + min(equal_before, quota);
-  const int equal_to_take = max(0, min(equal_count, quota - equal_before));
-  // Column order (bit i = column first_column + i); the equal quota takes the lowest columns.
+  const int position = greater_before + min(equal_before, pivot.quota);
+  const int equal_to_take = max(0, min(equal_count, pivot.quota - equal_before));
+  // The equal quota takes the lowest columns.
   uint32_t take_bits = ColumnOrder(greater_bits | (equal_to_take == equal_count ? equal_bits : 0));
   if (equal_to_take > 0 && equal_to_take < equal_count) {
     take_bits |= LowestSetBits(ColumnOrder(equal_bits), equal_to_take);
   }
+  return {take_bits, position};
+}
+
+// Phase 5, stage and store: the winners are staged in shared memory in ascending column order
+// (with their keys for sorted=true, which adds a stable block radix sort), then stored to the
+// row's k slots, page-transformed and coalesced, padded with kEmptySlot. Every thread calls it.
+template <int kElemsPerThread, int kSortItemsPerThread>
+__device__ __forceinline__ void StoreWinners(RowShared<kSortItemsPerThread>& shared,
+                                             const RowSlice<kElemsPerThread>& slice, Taken taken,
+                                             const TopkProblem& problem, int64_t row,
+                                             int32_t* row_out, int selected) {
+  constexpr bool kSorted = kSortItemsPerThread > 0;
+  constexpr int kPairsPerThread = kElemsPerThread / 2;
+  const int thread = threadIdx.x;
+  const int k = problem.k;
+  const int first_column = slice.first_column;
+  uint32_t take_bits = taken.bits;
+  int position = taken.position;
   if constexpr (!kSorted) {
     for (; take_bits != 0; take_bits &= take_bits - 1) {
       shared.staged.columns[position++] = first_column + __ffs(take_bits) - 1;
@@ -429,12 +485,12 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
       if (take_bits & (1u << (2 * pair))) {
         shared.staged.columns[position] = first_column + 2 * pair;
         shared.staged.keys[position++] =
-            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(pairs[pair])));
+            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair])));
       }
       if (take_bits & (2u << (2 * pair))) {
         shared.staged.columns[position] = first_column + 2 * pair + 1;
         shared.staged.keys[position++] =
-            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(pairs[pair] >> 16)));
+            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair] >> 16)));
       }
     }
   }
@@ -447,10 +503,9 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
           : nullptr;
   if constexpr (!kSorted) {
     for (int slot = thread; slot < k; slot += kThreadsPerRow) {
-      row_out[slot] = slot < selected
-                          ? PageTransform(shared.staged.columns[slot], table_row,
-                                          problem.log2_page_size)
-                          : kEmptySlot;
+      row_out[slot] = slot < selected ? PageTransform(shared.staged.columns[slot], table_row,
+                                                      problem.log2_page_size)
+                                      : kEmptySlot;
     }
   } else {
     // Blocked arrangement = staged (ascending column) order, and the radix sort is stable, so
@@ -477,6 +532,29 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
       }
     }
   }
+}
+
+// One row a block: the five phases above, in order.
+template <int kElemsPerThread, int kSortItemsPerThread>
+__global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerThread>())
+    TopkBf16Kernel(const TopkProblem problem) {
+  __shared__ RowShared<kSortItemsPerThread> shared;
+  const int64_t row = blockIdx.x;
+  const int k = problem.k;
+  int32_t* row_out = problem.out + row * k;
+  if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
+    for (int slot = threadIdx.x; slot < k; slot += kThreadsPerRow) row_out[slot] = kEmptySlot;
+    return;
+  }
+  const int length =
+      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
+                                                  : problem.width);
+  RowSlice<kElemsPerThread> slice;
+  LoadRow(shared, problem, row, length, slice);
+  const int candidates = FindHighBin(shared, slice, length, k);
+  const Pivot pivot = RefinePivot(shared, slice, length, k, candidates);
+  const Taken taken = TakeWinners(shared, slice, pivot);
+  StoreWinners(shared, slice, taken, problem, row, row_out, candidates < k ? candidates : k);
 }
 
 template <int kElemsPerThread>

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/topk_common.h"
 #include "common/topk_filtered_workspace.h"
 #include "common/topk_problem.h"
 
@@ -17,7 +18,12 @@ cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream);
 // `workspace_bytes` (an extra output of the custom call, contents undefined on entry);
 // the kernel adapts to its size, which must be at least kFilteredMinWorkspaceBytes.
 constexpr size_t kFilteredMinWorkspaceBytes = kFilteredHeaderBytes;
-cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace,
-                               size_t workspace_bytes, cudaStream_t stream);
+cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+
+// topk_small_rows: one warp per row, the row in its registers; float32, bfloat16 or float16
+// scores, width <= kSmallRowsMaxWidth and k <= kSmallRowsMaxK (common/topk_common.h; else
+// cudaErrorInvalidValue). Writes `values` too when it is not null.
+cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream);
 
 }  // namespace jax_topk

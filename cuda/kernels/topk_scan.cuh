@@ -21,8 +21,8 @@ __device__ __forceinline__ int WarpInclusiveSum(int value) {
 // Exclusive prefix sum over a block of kWarps full warps, and the block's total; every thread
 // calls it. The caller puts a barrier between two calls (warp_sums is rewritten).
 template <int kWarps>
-__device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t (&warp_sums)[kWarps],
-                                                      uint32_t value, uint32_t& total) {
+__device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t (&warp_sums)[kWarps], uint32_t value,
+                                                      uint32_t& total) {
   static_assert(kWarps <= 32, "one warp reduces the per-warp sums");
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;

@@ -1,30 +1,30 @@
-"""Run by test_gpu_stress.py with XLA command buffers on: the same jitted function replayed
+"""Run by tests/test_gpu_stress.py (`python -m tests.checks.graph_replay`) with XLA command
+buffers on: the same jitted function replayed
 with changing num_valid_rows and inputs must match the CPU handler every time."""
 
-import os
-import sys
+import jax
+import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import jax_topk  # noqa: E402
+import jax_topk
 
 
 def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(50)
     fns = {
-        "topk_filtered": lambda s, l, v: jax_topk.topk_filtered(s, l, k=512, num_valid_rows=v),
-        "topk_bf16": lambda s, l, v: jax_topk.topk_bf16(s.astype(jax.numpy.bfloat16), l, k=64,
-                                                        num_valid_rows=v),
+        "topk_filtered": lambda s, lens, v: jax_topk.topk_filtered(
+            s, lens, k=512, num_valid_rows=v
+        ),
+        "topk_bf16": lambda s, lens, v: jax_topk.topk_bf16(
+            s.astype(jax.numpy.bfloat16), lens, k=64, num_valid_rows=v
+        ),
     }
     for name, fn in fns.items():
         step = jax.jit(fn)
         for i, valid in enumerate((8, 2, 0, 8, 5, 100, -3, 8)):
-            scores = rng.standard_normal((8, 50_000 if name == "topk_filtered" else 9000),
-                                         np.float32)
+            scores = rng.standard_normal(
+                (8, 50_000 if name == "topk_filtered" else 9000), np.float32
+            )
             lengths = rng.integers(0, scores.shape[1] + 1, size=8).astype(np.int32)
             args = (scores, lengths, np.int32(valid))
             got = step(*jax.device_put(args, gpu))

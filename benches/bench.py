@@ -1,13 +1,13 @@
 """The main job: check both operators against jax.lax.top_k, then time them.
 
-    python -m jax_topk.bench [--quick] [--json PATH] [--report]
+    python -m benches.bench [--quick] [--json PATH] [--report]     (from the repository root)
 
 On the default device (the GPU where JAX sees one, else the CPU): first a correctness pass
 (random and adversarial rows, ours against jax.lax.top_k on the same device), then a timing
 table against jax.lax.top_k (rows masked to -inf past their lengths, as a JAX user would),
 torch.topk on the GPU where torch is installed, and the HBM read floor.
 
-How time is measured (shared/BENCH.md): on the GPU, `*_us` is device time, the sum of the
+How time is measured (benches/README.md): on the GPU, `*_us` is device time, the sum of the
 kernel durations of one call read from JAX's profiler, median over calls on distinct input
 sets; `ours_wall_us` is the latency a JAX user sees (R distinct calls in one jit, median of
 wall time / R). On the CPU there is no separate device: both are wall time.
@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import topk_bf16, topk_filtered
-from ._families import FAMILIES, make
+from jax_topk import topk_bf16, topk_filtered
+from tests.support.families import FAMILIES, make
 
 L2_BYTES = 60 << 20
 OPS = {"topk_bf16": (topk_bf16, jnp.bfloat16), "topk_filtered": (topk_filtered, jnp.float32)}
@@ -43,7 +43,7 @@ class Shape:
     rows: int
     n: int
     k: int
-    lengths: str          # "full", "causal" or "valid=9000"
+    lengths: str  # "full", "causal" or "valid=9000"
     page_size: int = 1
 
     def row_lengths(self) -> np.ndarray:
@@ -59,30 +59,46 @@ class Shape:
 
 
 def gpu_shapes() -> list[Shape]:
-    shapes = [Shape("topk_bf16", rows, 16384, 512, lengths, 64)
-              for rows in (1, 32, 128, 512, 2048)
-              for lengths in ("full", "valid=9000", "valid=4096")]
+    shapes = [
+        Shape("topk_bf16", rows, 16384, 512, lengths, 64)
+        for rows in (1, 32, 128, 512, 2048)
+        for lengths in ("full", "valid=9000", "valid=4096")
+    ]
     shapes.append(Shape("topk_bf16", 512, 16384, 2048, "full", 64))
-    shapes += [Shape("topk_filtered", m, n, 2048, "causal")
-               for m, n in ((5536, 131072), (1536, 196608), (5536, 262144), (3136, 327680),
-                            (1536, 393216), (43, 430080))]
+    shapes += [
+        Shape("topk_filtered", m, n, 2048, "causal")
+        for m, n in (
+            (5536, 131072),
+            (1536, 196608),
+            (5536, 262144),
+            (3136, 327680),
+            (1536, 393216),
+            (43, 430080),
+        )
+    ]
     shapes.append(Shape("topk_filtered", 5536, 131072, 512, "causal"))
-    shapes += [Shape("topk_filtered", m, n, 2048, "full") for m in (1, 4, 32)
-               for n in (32768, 131072)]
+    shapes += [
+        Shape("topk_filtered", m, n, 2048, "full") for m in (1, 4, 32) for n in (32768, 131072)
+    ]
     return shapes
 
 
 def cpu_shapes(quick: bool) -> list[Shape]:
-    shapes = [Shape("topk_filtered", 64, 131072, 2048, "full"),
-              Shape("topk_bf16", 512, 16384, 512, "full", 64)]
+    shapes = [
+        Shape("topk_filtered", 64, 131072, 2048, "full"),
+        Shape("topk_bf16", 512, 16384, 512, "full", 64),
+    ]
     if not quick:
-        shapes += [Shape("topk_filtered", 64, 131072, 512, "causal"),
-                   Shape("topk_bf16", 128, 16384, 512, "valid=4096", 64),
-                   Shape("topk_filtered", 4, 262144, 2048, "full")]
+        shapes += [
+            Shape("topk_filtered", 64, 131072, 512, "causal"),
+            Shape("topk_bf16", 128, 16384, 512, "valid=4096", 64),
+            Shape("topk_filtered", 4, 262144, 2048, "full"),
+        ]
     return shapes
 
 
 # --- correctness -------------------------------------------------------------------------
+
 
 def check_against_lax(progress) -> list[str]:
     """Ours (on the default device, sorted=True) must equal jax.lax.top_k's indices on
@@ -91,8 +107,12 @@ def check_against_lax(progress) -> list[str]:
     failures = []
     rng = np.random.default_rng(0)
     nan_free = [f for f in FAMILIES if f not in ("nan_mix", "random_bits")]
-    cases = [(op, f, rows, n, k) for op in OPS for f in nan_free
-             for rows, n, k in ((8, 1000, 64), (4, 16384, 512))]
+    cases = [
+        (op, f, rows, n, k)
+        for op in OPS
+        for f in nan_free
+        for rows, n, k in ((8, 1000, 64), (4, 16384, 512))
+    ]
     cases += [("topk_filtered", "normal", 2, 300_001, 2048)]
     for op, family, rows, n, k in progress(cases, desc="check vs lax.top_k"):
         fn, dtype = OPS[op]
@@ -103,15 +123,18 @@ def check_against_lax(progress) -> list[str]:
         # ties); the GPU's lax.top_k need not break ties that way.
         cpu = jax.devices("cpu")[0]
         expected = np.asarray(jax.lax.top_k(jax.device_put(host_scores, cpu), k)[1])
-        ranked = np.asarray(jax.jit(lambda s, l: fn(s, l, k=k, sorted=True))(scores, lengths))
-        unordered = np.asarray(jax.jit(lambda s, l: fn(s, l, k=k))(scores, lengths))
-        if not (np.array_equal(ranked, expected)
-                and np.array_equal(unordered, np.sort(expected, axis=1))):
+        ranked = np.asarray(jax.jit(lambda s, lens: fn(s, lens, k=k, sorted=True))(scores, lengths))
+        unordered = np.asarray(jax.jit(lambda s, lens: fn(s, lens, k=k))(scores, lengths))
+        if not (
+            np.array_equal(ranked, expected)
+            and np.array_equal(unordered, np.sort(expected, axis=1))
+        ):
             failures.append(f"{op} {family} {rows}x{n} k={k}")
     return failures
 
 
 # --- timing -------------------------------------------------------------------------------
+
 
 def _stream_kernel_events(trace_dir: str):
     """(start_ns, duration_ns) of every GPU kernel in a profiler trace."""
@@ -139,7 +162,7 @@ def device_time_us(fn, input_sets, calls: int) -> float:
         # Kernels per call not constant (should not happen): report the mean.
         return sum(d for _, d in events) / calls / 1e3
     per_call = len(events) // calls
-    totals = [sum(d for _, d in events[i * per_call:(i + 1) * per_call]) for i in range(calls)]
+    totals = [sum(d for _, d in events[i * per_call : (i + 1) * per_call]) for i in range(calls)]
     return float(np.median(totals)) / 1e3
 
 
@@ -225,13 +248,15 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
 
     ours_jit = jax.jit(ours)
     lax_jit = jax.jit(lax_top_k)
-    lax_inputs = [(s, l) for s, l, _ in inputs]
+    lax_inputs = [(s, lens) for s, lens, _ in inputs]
     calls = 3 if quick else 10
     lax_calls = calls if shape.rows * shape.n < (1 << 28) else 3
     if on_gpu:
         ours_us = device_time_us(ours_jit, inputs, calls)
         lax_us = device_time_us(lax_jit, lax_inputs, lax_calls)
-        masked = [jnp.where(jnp.arange(shape.n) < l[:, None], s, -jnp.inf) for s, l in lax_inputs]
+        masked = [
+            jnp.where(jnp.arange(shape.n) < lens[:, None], s, -jnp.inf) for s, lens in lax_inputs
+        ]
         torch_result = torch_topk_us(masked, k, calls)
         del masked
     else:
@@ -244,27 +269,43 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
     def selected_values(indices):
         picked = jnp.take_along_axis(lax_inputs[0][0].astype(jnp.float32), indices, axis=1)
         return np.sort(np.asarray(picked), axis=1)
+
     scores0, lengths0 = lax_inputs[0]
-    ours_values = selected_values(jax.jit(lambda s, l: fn(s, l, k=k))(scores0, lengths0))
+    ours_values = selected_values(jax.jit(lambda s, lens: fn(s, lens, k=k))(scores0, lengths0))
     same_set = bool(np.array_equal(ours_values, selected_values(lax_jit(scores0, lengths0))))
     if torch_result is not None:
         same_set &= bool(np.array_equal(ours_values, torch_result[1]))
     wall_us = wall_time_us(ours, inputs, 5 if quick else 20) if on_gpu else ours_us
     valid = int(np.clip(shape.row_lengths(), 0, shape.n).sum())
     floor_us = valid * itemsize / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
-    return dict(op=shape.op, rows=shape.rows, n=shape.n, k=shape.k, lengths=shape.lengths,
-                page_size=shape.page_size, ours_us=ours_us, lax_top_k_us=lax_us,
-                torch_topk_us=torch_us, floor_us=floor_us, copy_TBps=copy_tbps,
-                ours_wall_us=wall_us, same_set_as_peers=same_set, jax=jax.__version__,
-                device=jax.devices()[0].device_kind,
-                date=datetime.date.today().isoformat())
+    return dict(
+        op=shape.op,
+        rows=shape.rows,
+        n=shape.n,
+        k=shape.k,
+        lengths=shape.lengths,
+        page_size=shape.page_size,
+        ours_us=ours_us,
+        lax_top_k_us=lax_us,
+        torch_topk_us=torch_us,
+        floor_us=floor_us,
+        copy_TBps=copy_tbps,
+        ours_wall_us=wall_us,
+        same_set_as_peers=same_set,
+        jax=jax.__version__,
+        device=jax.devices()[0].device_kind,
+        date=datetime.date.today().isoformat(),
+    )
 
 
 def format_table(records: list[dict]) -> str:
     def fmt(v):
         return "-" if v is None else f"{v:,.1f}"
-    header = ("| op | rows | n | k | lengths | ours (us) | ours wall (us) | lax.top_k (us) | "
-              "torch.topk (us) | floor (us) | ours/floor | speed-up vs lax | same set |")
+
+    header = (
+        "| op | rows | n | k | lengths | ours (us) | ours wall (us) | lax.top_k (us) | "
+        "torch.topk (us) | floor (us) | ours/floor | speed-up vs lax | same set |"
+    )
     lines = [header, "|" + " --- |" * 13]
     for r in records:
         ratio = r["ours_us"] / r["floor_us"] if r.get("floor_us") else None
@@ -274,7 +315,8 @@ def format_table(records: list[dict]) -> str:
             f"{fmt(r['torch_topk_us'])} | {fmt(r['floor_us'])} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{r['lax_top_k_us'] / r['ours_us']:.1f}x | "
-            f"{'yes' if r.get('same_set_as_peers') else 'NO'} |")
+            f"{'yes' if r.get('same_set_as_peers') else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -284,39 +326,58 @@ def write_report(records: list[dict], json_path: str, command: str) -> None:
     device = records[0]["device"] if records else "?"
     with open(stem + ".md", "w") as f:
         f.write(f"Regenerate: `{command}`\n\n")
-        f.write(f"Device: {device}; jax {records[0].get('jax', jax.__version__)}; "
-                f"{records[0]['date']}. Times are "
-                "device time per call in microseconds (sum of kernel durations from JAX's "
-                "profiler, median over calls on distinct inputs), except 'ours wall', the "
-                "latency a JAX user sees. lax.top_k runs on rows masked to -inf past their "
-                "lengths (mask included); torch.topk on the same masked rows (CUDA events). "
-                "Floor = valid bytes / measured copy bandwidth. Scores: random normal.\n\n")
+        f.write(
+            f"Device: {device}; jax {records[0].get('jax', jax.__version__)}; "
+            f"{records[0]['date']}. Times are "
+            "device time per call in microseconds (sum of kernel durations from JAX's "
+            "profiler, median over calls on distinct inputs), except 'ours wall', the "
+            "latency a JAX user sees. lax.top_k runs on rows masked to -inf past their "
+            "lengths (mask included); torch.topk on the same masked rows (CUDA events). "
+            "Floor = valid bytes / measured copy bandwidth. Scores: random normal.\n\n"
+        )
         f.write(format_table(records) + "\n")
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
     panels = [  # (title, records, x key, the key that makes one line)
-        ("topk_bf16 (k, lengths)", [r for r in records if r["op"] == "topk_bf16"], "rows",
-         lambda r: f"k={r['k']} {r['lengths']}"),
-        ("topk_filtered causal chunks (k)", [r for r in records if r["op"] == "topk_filtered"
-                                             and r["lengths"] == "causal"], "shape",
-         lambda r: f"k={r['k']}"),
-        ("topk_filtered decode (rows)", [r for r in records if r["op"] == "topk_filtered"
-                                         and r["lengths"] != "causal"], "n",
-         lambda r: f"rows={r['rows']}"),
+        (
+            "topk_bf16 (k, lengths)",
+            [r for r in records if r["op"] == "topk_bf16"],
+            "rows",
+            lambda r: f"k={r['k']} {r['lengths']}",
+        ),
+        (
+            "topk_filtered causal chunks (k)",
+            [r for r in records if r["op"] == "topk_filtered" and r["lengths"] == "causal"],
+            "shape",
+            lambda r: f"k={r['k']}",
+        ),
+        (
+            "topk_filtered decode (rows)",
+            [r for r in records if r["op"] == "topk_filtered" and r["lengths"] != "causal"],
+            "n",
+            lambda r: f"rows={r['rows']}",
+        ),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(18, 5.5))
-    peers = (("ours_us", "o-", "ours"), ("lax_top_k_us", "s--", "lax.top_k"),
-             ("torch_topk_us", "^:", "torch.topk"), ("floor_us", "x-.", "HBM floor"))
+    peers = (
+        ("ours_us", "o-", "ours"),
+        ("lax_top_k_us", "s--", "lax.top_k"),
+        ("torch_topk_us", "^:", "torch.topk"),
+        ("floor_us", "x-.", "HBM floor"),
+    )
     for ax, (title, group, xkey, line_of) in zip(axes, panels):
         shapes = sorted({(r["rows"], r["n"]) for r in group}, key=lambda s: s[0] * s[1])
         for line in sorted({line_of(r) for r in group}):
             if xkey == "shape":  # causal chunks: one category per (M, N), by total size
-                pts = sorted((r for r in group if line_of(r) == line),
-                             key=lambda r: shapes.index((r["rows"], r["n"])))
+                pts = sorted(
+                    (r for r in group if line_of(r) == line),
+                    key=lambda r: shapes.index((r["rows"], r["n"])),
+                )
                 xs = [shapes.index((r["rows"], r["n"])) for r in pts]
             else:
                 pts = sorted((r for r in group if line_of(r) == line), key=lambda r: r[xkey])
@@ -327,8 +388,9 @@ def write_report(records: list[dict], json_path: str, command: str) -> None:
                     ax.plot(xs, ys, style, label=f"{name} {line}")
         ax.set_yscale("log")
         if xkey == "shape":
-            ax.set_xticks(range(len(shapes)), [f"{m}x{n}" for m, n in shapes], rotation=20,
-                          fontsize=7)
+            ax.set_xticks(
+                range(len(shapes)), [f"{m}x{n}" for m, n in shapes], rotation=20, fontsize=7
+            )
             ax.set_xlabel("M x N")
         else:
             ax.set_xscale("log")
@@ -342,12 +404,18 @@ def write_report(records: list[dict], json_path: str, command: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jax_topk.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benches.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
-    parser.add_argument("--json", metavar="PATH", help="write the records (shared/BENCH.md)")
-    parser.add_argument("--report", action="store_true",
-                        help="with --json: also write the .md table and .png plot beside it")
+    parser.add_argument("--json", metavar="PATH", help="write the records (benches/README.md)")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="with --json: also write the .md table and .png plot beside it",
+    )
     parser.add_argument("--only", metavar="OP", choices=list(OPS), help="one operator")
     parser.add_argument("--skip-check", action="store_true", help="time only")
     args = parser.parse_args(argv)
@@ -381,8 +449,11 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
         if args.report:
-            write_report(records, args.json, "python -m jax_topk.bench " + " ".join(
-                argv if argv is not None else sys.argv[1:]))
+            write_report(
+                records,
+                args.json,
+                "python -m benches.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            )
     return 0
 
 

@@ -1,5 +1,6 @@
 """A representative call of each CUDA kernel, small enough to run under compute-sanitizer
-(see .ci/gpu): checks the result against the CPU handler too."""
+(`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu): checks the result against
+the CPU handler too."""
 
 import jax
 import numpy as np
@@ -16,11 +17,12 @@ def _nan_and_zero_rows(rng, rows, n):
 
 
 def _periodic_rows(rng, rows, n):
-    """Rows whose every period-th value is 10 higher (or lower): some sample phases see only those."""
+    """Rows whose every period-th value is 10 higher (or lower): some sample phases see only
+    those."""
     scores = rng.standard_normal((rows, n), np.float32) * 0.01
     for r in range(rows):
         period = (2, 4, 16, 64, 256)[r % 5]
-        scores[r, r % period::period] += 10.0 if r % 2 else -10.0
+        scores[r, r % period :: period] += 10.0 if r % 2 else -10.0
     return scores
 
 
@@ -28,15 +30,24 @@ def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(60)
     cases = [
-        (jax_topk.topk_bf16, rng.standard_normal((24, 16383), np.float32).astype(jax.numpy.bfloat16),
-         dict(k=512, page_size=64)),
-        (jax_topk.topk_bf16, rng.standard_normal((8, 4096), np.float32).astype(jax.numpy.bfloat16),
-         dict(k=2048, sorted=True)),
+        (
+            jax_topk.topk_bf16,
+            rng.standard_normal((24, 16383), np.float32).astype(jax.numpy.bfloat16),
+            dict(k=512, page_size=64),
+        ),
+        (
+            jax_topk.topk_bf16,
+            rng.standard_normal((8, 4096), np.float32).astype(jax.numpy.bfloat16),
+            dict(k=2048, sorted=True),
+        ),
         # NaN rows (the kernel's rewrite path) and rows of signed zeros (its zero-pivot path).
         (jax_topk.topk_bf16, _nan_and_zero_rows(rng, 12, 9001), dict(k=512)),
         (jax_topk.topk_filtered, rng.standard_normal((3, 100_003), np.float32), dict(k=2048)),
-        (jax_topk.topk_filtered, rng.standard_normal((300, 12_000), np.float32),
-         dict(k=512, sorted=True)),
+        (
+            jax_topk.topk_filtered,
+            rng.standard_normal((300, 12_000), np.float32),
+            dict(k=512, sorted=True),
+        ),
         (jax_topk.topk_filtered, np.full((2, 30_000), 3.0, np.float32), dict(k=2048)),
         # Whole rows that fool the sample (secondary and exact routes), and split rows whose
         # random lengths fall on both sides of the column-bitmap limit (131072 / 262144).
@@ -45,8 +56,11 @@ def main():
         # Split rows (a block cluster a row): sample foolers (the parts' secondary re-read) and
         # coarse ties (a crowded k-th bin: merged into the cluster's first block).
         (jax_topk.topk_filtered, _periodic_rows(rng, 4, 65_536), dict(k=2048)),
-        (jax_topk.topk_filtered, np.round(rng.standard_normal((4, 70_000), np.float32) * 16) / 16,
-         dict(k=2048)),
+        (
+            jax_topk.topk_filtered,
+            np.round(rng.standard_normal((4, 70_000), np.float32) * 16) / 16,
+            dict(k=2048),
+        ),
         # Split rows of two blocks an SM (over 192 KB of scores an SM on an H200).
         (jax_topk.topk_filtered, rng.standard_normal((40, 200_003), np.float32), dict(k=2048)),
     ]
@@ -56,8 +70,10 @@ def main():
         extra = {}
         if kwargs.get("page_size"):
             pages = -(-n // kwargs["page_size"])
-            extra["page_table"] = np.stack([rng.permutation(pages) for _ in range(rows)]).astype(np.int32)
-        call = jax.jit(lambda s, l, t: fn(s, l, **t, **kwargs))
+            extra["page_table"] = np.stack([rng.permutation(pages) for _ in range(rows)]).astype(
+                np.int32
+            )
+        call = jax.jit(lambda s, lens, t: fn(s, lens, **t, **kwargs))
         got = call(*jax.device_put((scores, lengths, extra), gpu))
         want = call(*jax.device_put((scores, lengths, extra), cpu))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -1,6 +1,7 @@
 """Adversarial value families for checking exactness: rows built to break a top-k kernel
-(ties, signed zeros, NaN of both signs, denormals, infinities, raw bit patterns). Shared by
-the tests and the benchmark's correctness check."""
+(ties, signed zeros, NaN of both signs, denormals, infinities, raw bit patterns), and lengths
+at every boundary. Shared by the tests, the check scripts and the benchmark's correctness
+check."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 
 
-def _from_bits(bits, dtype):
-    if dtype == BF16:
-        return bits.astype(np.uint16).view(BF16)
-    return bits.astype(np.uint32).view(F32)
+F16 = np.dtype(np.float16)
+
+
+def from_bits(bits, dtype):
+    """Raw bit patterns (any integer array) as values of a float dtype of that width."""
+    dtype = np.dtype(dtype)
+    return bits.astype(f"uint{_bit_width(dtype)}").view(dtype)
 
 
 def _bit_width(dtype) -> int:
-    return 16 if dtype == BF16 else 32
+    return np.dtype(dtype).itemsize * 8
 
 
 def normal(rng, shape, dtype):
@@ -53,20 +57,21 @@ def nan_mix(rng, shape, dtype):
 
 def denormals(rng, shape, dtype):
     width = _bit_width(dtype)
-    mantissa_bits = 7 if width == 16 else 23
+    mantissa_bits = ml_dtypes.finfo(dtype).nmant
     bits = rng.integers(0, 1 << mantissa_bits, size=shape, dtype=np.int64)
     signs = rng.integers(0, 2, size=shape, dtype=np.int64) << (width - 1)
-    return _from_bits(bits | signs, dtype)
+    return from_bits(bits | signs, dtype)
 
 
 def infinities(rng, shape, dtype):
-    choices = np.array([np.inf, -np.inf, 0.0, 1.0, -1.0, np.finfo(np.float32).max], np.float32)
-    return choices[rng.integers(0, len(choices), size=shape)].astype(dtype)
+    largest = ml_dtypes.finfo(dtype).max  # the dtype's own largest finite value
+    choices = np.array([np.inf, -np.inf, 0.0, 1.0, -1.0, largest, -largest]).astype(dtype)
+    return choices[rng.integers(0, len(choices), size=shape)]
 
 
 def random_bits(rng, shape, dtype):
     width = _bit_width(dtype)
-    return _from_bits(rng.integers(0, 1 << width, size=shape, dtype=np.int64), dtype)
+    return from_bits(rng.integers(0, 1 << width, size=shape, dtype=np.int64), dtype)
 
 
 def ascending(rng, shape, dtype):
@@ -77,14 +82,35 @@ def ascending(rng, shape, dtype):
 def near_ties(rng, shape, dtype):
     """Values one ulp apart: every radix digit but the last is shared."""
     width = _bit_width(dtype)
-    base = 0x3F80 if width == 16 else 0x3F800000
-    return _from_bits(base + rng.integers(0, 4, size=shape, dtype=np.int64), dtype)
+    base = int(np.array(1.0, dtype).view(f"uint{width}"))
+    return from_bits(base + rng.integers(0, 4, size=shape, dtype=np.int64), dtype)
 
 
-FAMILIES = {f.__name__: f for f in (normal, heavy_ties, constant, all_neg_inf, signed_zeros,
-                                    nan_mix, denormals, infinities, random_bits, ascending,
-                                    near_ties)}
+FAMILIES = {
+    f.__name__: f
+    for f in (
+        normal,
+        heavy_ties,
+        constant,
+        all_neg_inf,
+        signed_zeros,
+        nan_mix,
+        denormals,
+        infinities,
+        random_bits,
+        ascending,
+        near_ties,
+    )
+}
 
 
 def make(family: str, rng, shape, dtype):
     return np.ascontiguousarray(FAMILIES[family](rng, shape, np.dtype(dtype)))
+
+
+def edge_lengths(k, n, rows, rng):
+    """Lengths around every boundary: negative, 0, 1, k-1, k, k+1, n, beyond n."""
+    special = [-5, 0, 1, k - 1, k, k + 1, n, n + 7, np.iinfo(np.int32).max, np.iinfo(np.int32).min]
+    lengths = rng.integers(0, n + 1, size=rows)
+    lengths[: len(special)] = special[:rows]
+    return lengths.astype(np.int32)

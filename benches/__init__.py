@@ -1,0 +1,2 @@
+"""The benchmark (`python -m benches.bench`, from the repository root): not part of the
+installed package."""

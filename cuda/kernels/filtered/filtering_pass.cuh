@@ -1,0 +1,144 @@
+// The filtering pass: the hot loop. One read of columns [begin, end) of a row (float4 loads,
+// the row pulled into L2 kPrefetchAhead columns ahead) appends every value >= a threshold to a
+// sink: s.candidates first, then this block's workspace slice, counted past the slice's end so
+// that the caller sees the overflow. Every thread tests its 16 values into a bit mask; only a
+// warp with a hit counts and appends, and only a thread's hits cost more.
+//
+// Contract: FilterColumns is called by every thread of the block with block-uniform arguments.
+// It owns s.kept (zeroed, then one atomic per warp) and writes s.candidates; a barrier opens it,
+// two close it (the count is read by all, then may be reset by a retry). The order of the kept
+// candidates is unspecified.
+#pragma once
+
+#include "kernels/filtered/sources.cuh"
+#include "kernels/topk_scan.cuh"
+
+namespace jax_topk {
+namespace {
+
+// Where kept values go: position p < shared_capacity in s.candidates, the next global_capacity
+// positions in a global slice; further positions are counted but dropped.
+struct CandidateSink {
+  int shared_capacity;
+  uint2* global;
+  int global_capacity;
+
+  __device__ __forceinline__ int Capacity() const { return shared_capacity + global_capacity; }
+  __device__ __forceinline__ void Put(SharedStorage& s, int position, uint2 candidate) const {
+    if (position < shared_capacity) {
+      s.candidates[position] = candidate;
+    } else if (position - shared_capacity < global_capacity) {
+      global[position - shared_capacity] = candidate;
+    }
+  }
+};
+
+// The float threshold whose `value >= threshold` keeps every non-NaN value with key >= cutoff
+// (and, for a cutoff in the NaN range or at +0, a few more below it): always an upper set of the
+// total order, which is all that certifying a kept count needs.
+__device__ __forceinline__ float KeepThreshold(uint32_t cutoff) {
+  constexpr uint32_t kMinusInfKey = OrderedKeyF32(0xFF800000u);
+  constexpr uint32_t kPlusInfKey = OrderedKeyF32(0x7F800000u);
+  if (cutoff <= kMinusInfKey) return __uint_as_float(0xFF800000u);
+  if (cutoff >= kPlusInfKey) return __uint_as_float(0x7F800000u);
+  return __uint_as_float(BitsFromOrderedKeyF32(cutoff));
+}
+__device__ __forceinline__ bool KeepsAll(uint32_t cutoff) {
+  return cutoff <= OrderedKeyF32(0xFF800000u);
+}
+
+// values[i] for a runtime i, by a tree of selects over the bits of i (halving the candidates per
+// bit): a dynamic index into a register array would put the array in local memory.
+template <int kItems>
+__device__ __forceinline__ float SelectItem(const float (&values)[kItems], int i) {
+  if constexpr (kItems == 1) {
+    return values[0];
+  } else {
+    static_assert(kItems % 2 == 0, "a power of two");
+    float halved[kItems / 2];
+    const bool odd = i & 1;
+#pragma unroll
+    for (int j = 0; j < kItems / 2; ++j) halved[j] = odd ? values[2 * j + 1] : values[2 * j];
+    return SelectItem(halved, i >> 1);
+  }
+}
+
+// Appends this warp's values >= threshold; item i of a thread is column
+// first_col + (i / 4) * kChunkStride + i % 4. One shared atomic per warp; then each thread
+// walks only its own hits (a bit mask), so a tile costs a compare per value plus a few
+// instructions per hit, and nothing past the vote when the warp has none.
+template <int kItems>
+__device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
+                                           const float (&values)[kItems], uint32_t first_col,
+                                           float threshold) {
+  static_assert(kItems <= 32, "one bit per item");
+  uint32_t hits = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) hits |= static_cast<uint32_t>(values[i] >= threshold) << i;
+  if (!__any_sync(kFullMask, hits != 0)) return;
+  const int mine = __popc(hits);
+  const int inclusive = WarpInclusiveSum(mine);
+  const int warp_total = __shfl_sync(kFullMask, inclusive, kWarpSize - 1);
+  int warp_base = 0;
+  if (threadIdx.x % kWarpSize == 0) warp_base = atomicAdd(&s.kept, warp_total);
+  warp_base = __shfl_sync(kFullMask, warp_base, 0);
+  int position = warp_base + inclusive - mine;
+  const bool in_shared = warp_base + warp_total <= sink.shared_capacity;
+  for (; hits != 0; hits &= hits - 1) {
+    const int i = __ffs(hits) - 1;
+    const uint32_t col = first_col + (i / kChunkElems) * kChunkStride + i % kChunkElems;
+    const uint2 candidate = make_uint2(__float_as_uint(SelectItem(values, i)), col);
+    if (in_shared) {
+      s.candidates[position++] = candidate;
+    } else {
+      sink.Put(s, position++, candidate);
+    }
+  }
+}
+
+// One tile of kFilterTile columns from `tile` (16-byte aligned), bounded by `end` if kBounded.
+template <bool kBounded>
+__device__ __forceinline__ void FilterTile(SharedStorage& s, const float* row, int tile, int end,
+                                           float threshold, const CandidateSink& sink) {
+  const uint32_t first = tile + kChunkElems * threadIdx.x;  // no wrap: tile < 2^31
+  const float* at = row + first;
+  float values[kFilterChunks * kChunkElems];
+#pragma unroll
+  for (int c = 0; c < kFilterChunks; ++c) {
+    const float4 chunk =
+        LoadChunk<kBounded>(at + kChunkStride * c, int64_t{end} - first - kChunkStride * c);
+    values[kChunkElems * c + 0] = chunk.x;
+    values[kChunkElems * c + 1] = chunk.y;
+    values[kChunkElems * c + 2] = chunk.z;
+    values[kChunkElems * c + 3] = chunk.w;
+  }
+  AppendHits(s, sink, values, first, threshold);
+}
+
+// Appends every non-NaN value >= threshold of columns [begin, end) to the sink, in no particular
+// order; returns how many (also past the sink's capacity: the caller detects overflow from it).
+__device__ __forceinline__ int FilterColumns(SharedStorage& s, const float* row, int begin, int end,
+                                             float threshold, const CandidateSink& sink) {
+  if (threadIdx.x == 0) s.kept = 0;
+  __syncthreads();
+  const int aligned = AlignedColumn(row, begin, end);
+  if (aligned > begin && threadIdx.x < kWarpSize) {  // the scalar head, one column per lane
+    const int offset = static_cast<int>(threadIdx.x);
+    const float head[1] = {offset < aligned - begin ? __ldcs(row + begin + offset)
+                                                    : __uint_as_float(kNanBits)};
+    AppendHits(s, sink, head, static_cast<uint32_t>(begin) + offset, threshold);
+  }
+  int tile = aligned;
+  for (; end - tile >= kFilterTile; tile += kFilterTile) {
+    PrefetchToL2(row, int64_t{tile} + kPrefetchAhead, end, kFilterTile);
+    FilterTile<false>(s, row, tile, end, threshold, sink);
+  }
+  if (tile < end) FilterTile<true>(s, row, tile, end, threshold, sink);
+  __syncthreads();
+  const int kept = s.kept;
+  __syncthreads();  // a retry resets s.kept
+  return kept;
+}
+
+}  // namespace
+}  // namespace jax_topk

@@ -1,0 +1,464 @@
+// Selection: the exact top-k of any source (sources.cuh) with ties to the lowest columns, by
+//   1. a histogram of the first 11-bit radix digit (or, for kept candidates, 2048 bins relative
+//      to the cutoff that kept them, whose k-th bin one warp usually ranks directly),
+//   2. a search of the bins for the rank (one block scan),
+//   3. compaction of the rank's bin into s.work.frontier, then the next digits over it alone,
+//   4. a second selection over the k-th key's columns, which gives the tie quota,
+//   5. PutWinners: the winners marked in s.work.bitmap or gathered into s.work.selected
+//      (winners.cuh writes them out in order).
+// SelectCandidates is the entry point for a buffer of (value bits, column) candidates, as a
+// fused indexer or a merge kernel holds them; SelectRow is the exact route over a row.
+//
+// Contract: every function is called by every thread of the block, with block-uniform
+// arguments, and ends with a barrier: its results (returned, or in s.work) are then visible to
+// all. They own s.hist (zero on entry and exit), s.found, s.warp_sums, s.frontier_count,
+// s.selected_count and s.work; they read s.candidates and the workspace slice only through the
+// source. Usage, in a kernel of kThreadsPerBlock threads whose dynamic shared memory is a
+// SharedStorage s with s.hist zeroed once at its start (as TopkFilteredKernel does), holding n
+// candidates (value bits, column), the first kSharedCandidates in s.candidates and the rest in a
+// global buffer `more`:
+//   const CandidateSource candidates{s.candidates, kSharedCandidates, more, n};
+//   const Selection selection = SelectCandidates(s, candidates, k, /*cutoff=*/0, /*largest=*/0);
+//   const int m = PutWinners(s, candidates, selection, WinnersTo::kSelected, /*columns=*/0);
+//   // m = min(k, n) winners in s.work.selected; WriteWinners (winners.cuh) writes them to
+//   // output row s.job.row.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/filtered/sources.cuh"
+#include "kernels/topk_scan.cuh"
+
+namespace jax_topk {
+namespace {
+
+// Warp-level helpers. All lanes of the warp call them.
+
+// Adds `counted` lanes to hist[digit]; a warp whose lanes share one digit adds once (rows of
+// equal values would otherwise serialise on one shared-memory address).
+__device__ __forceinline__ void AddToHistogram(uint32_t* hist, uint32_t digit, bool counted) {
+  const uint32_t voters = __ballot_sync(kFullMask, counted);
+  if (voters == 0) return;
+  const int leader = __ffs(voters) - 1;
+  const uint32_t leader_digit = __shfl_sync(kFullMask, digit, leader);
+  if (__all_sync(kFullMask, !counted || digit == leader_digit)) {
+    if (static_cast<int>(threadIdx.x % kWarpSize) == leader)
+      atomicAdd(&hist[leader_digit], __popc(voters));
+  } else if (counted) {
+    atomicAdd(&hist[digit], 1u);
+  }
+}
+
+// A slot of a shared append counter for each lane that wants one: one atomic per warp.
+__device__ __forceinline__ int WarpReserve(int* counter, bool want) {
+  const uint32_t wanting = __ballot_sync(kFullMask, want);
+  if (wanting == 0) return 0;
+  const int lane = threadIdx.x % kWarpSize;
+  const int leader = __ffs(wanting) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(wanting));
+  base = __shfl_sync(kFullMask, base, leader);
+  return base + __popc(wanting & ((1u << lane) - 1u));
+}
+
+// Radix selection. Every function is called by all threads with block-uniform arguments.
+
+// Histogram of digit `digit` of the projected values whose higher digits equal `prefix`.
+template <class Source, class Project>
+__device__ __forceinline__ void DigitHistogram(SharedStorage& s, const Source& source,
+                                               const Project& project, uint32_t prefix,
+                                               uint32_t prefix_mask, int digit) {
+  const int shift = DigitShift(digit);
+  const uint32_t digit_mask = DigitMask(digit);
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    uint32_t value = 0;
+    const bool counted = valid && project(bits, col, value) && (value & prefix_mask) == prefix;
+    if constexpr (Source::kRepeats) {
+      AddToHistogram(s.hist, (value >> shift) & digit_mask, counted);
+    } else if (counted) {  // a bounded number of items: conflicts cost less than aggregating
+      atomicAdd(&s.hist[(value >> shift) & digit_mask], 1u);
+    }
+  });
+  __syncthreads();
+}
+
+// The bins holding the rank_a-th and rank_b-th largest histogram items (a rank of 0 or past the
+// total finds nothing), and the total.
+struct BinSearch {
+  BinFound a;
+  BinFound b;
+  uint32_t total;
+};
+// The bin a thread's j-th count stands for: thread 0 owns the top bins.
+__device__ __forceinline__ int BinOf(int j) {
+  return kDigitBins - 1 - (static_cast<int>(threadIdx.x) * kBinsPerThread + j);
+}
+// The search over a histogram held as each thread's counts of its bins (BinOf).
+__device__ __forceinline__ BinSearch SearchBins(SharedStorage& s,
+                                                const uint32_t (&counts)[kBinsPerThread],
+                                                uint32_t rank_a, uint32_t rank_b) {
+  uint32_t mine = 0;
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) mine += counts[j];
+  uint32_t total;
+  uint32_t above = BlockExclusiveSum(s.warp_sums, mine, total);
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    const uint32_t bin = BinOf(j);
+    if (above < rank_a && rank_a <= above + counts[j]) s.found[0] = {bin, above, counts[j]};
+    if (above < rank_b && rank_b <= above + counts[j]) s.found[1] = {bin, above, counts[j]};
+    above += counts[j];
+  }
+  __syncthreads();
+  return {s.found[0], s.found[1], total};
+}
+// The search over s.hist, which it leaves zeroed for its next use.
+__device__ __forceinline__ BinSearch FindBins(SharedStorage& s, uint32_t rank_a, uint32_t rank_b) {
+  uint32_t counts[kBinsPerThread];
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    counts[j] = s.hist[BinOf(j)];
+    s.hist[BinOf(j)] = 0;
+  }
+  return SearchBins(s, counts, rank_a, rank_b);
+}
+
+// Calls put(position, candidate) for the candidates that keep(bits, col), at positions 0, 1, ...
+// taken from *counter. In rounds of one entry a thread: the round's ballot places each member in
+// its warp, and one atomic per warp and batch reserves the warp's places (no scan, no re-read).
+// Every thread of the block calls it.
+template <class Keep, class Put>
+__device__ __forceinline__ void CompactCandidates(const CandidateSource& source, int* counter,
+                                                  const Keep& keep, const Put& put) {
+  constexpr int kBatch = 8;
+  const int lane = threadIdx.x % kWarpSize;
+  const uint32_t lanes_below = (1u << lane) - 1u;
+  for (int base = 0; base < source.count; base += kBatch * kThreadsPerBlock) {  // block-uniform
+    uint2 c[kBatch];
+    uint32_t ballots[kBatch];
+    int warp_total = 0;
+    // Block-uniform, the usual case.
+    if (base + kBatch * kThreadsPerBlock <= source.shared_capacity) {
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {  // all loads first, with no branch to the slice
+        const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
+        c[i] = entry < source.count ? source.shared[entry] : make_uint2(kNanBits, 0);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
+        c[i] = entry < source.count ? source.Get(entry) : make_uint2(kNanBits, 0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int entry = base + kThreadsPerBlock * i + static_cast<int>(threadIdx.x);
+      ballots[i] = __ballot_sync(
+          kFullMask, entry < source.count && keep(c[i].x, static_cast<int32_t>(c[i].y)));
+      warp_total += __popc(ballots[i]);
+    }
+    int warp_base = 0;
+    if (lane == 0 && warp_total > 0) warp_base = atomicAdd(counter, warp_total);
+    int position = __shfl_sync(kFullMask, warp_base, 0);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (ballots[i] & (1u << lane)) put(position + __popc(ballots[i] & lanes_below), c[i]);
+      position += __popc(ballots[i]);
+    }
+  }
+}
+
+// Puts value(bits, col) of the candidates that are members into the frontier (frontier_count
+// of them).
+template <class Member, class Value>
+__device__ __forceinline__ void CompactCandidatesToFrontier(SharedStorage& s,
+                                                            const CandidateSource& source,
+                                                            const Member& member,
+                                                            const Value& value) {
+  if (threadIdx.x == 0) s.frontier_count = 0;
+  __syncthreads();
+  CompactCandidates(source, &s.frontier_count, member, [&](int position, uint2 c) {
+    s.work.frontier[position] = value(c.x, static_cast<int32_t>(c.y));
+  });
+  __syncthreads();
+}
+
+// Copies the projected values of the group `prefix` into the frontier.
+template <class Source, class Project>
+__device__ __forceinline__ void CompactGroup(SharedStorage& s, const Source& source,
+                                             const Project& project, uint32_t prefix,
+                                             uint32_t prefix_mask) {
+  if constexpr (std::is_same_v<Source, CandidateSource>) {
+    const auto member = [&](uint32_t bits, int32_t col) {
+      uint32_t value = 0;
+      return project(bits, col, value) && (value & prefix_mask) == prefix;
+    };
+    const auto projected = [&](uint32_t bits, int32_t col) {
+      uint32_t value = 0;
+      project(bits, col, value);
+      return value;
+    };
+    CompactCandidatesToFrontier(s, source, member, projected);
+    return;
+  }
+  if (threadIdx.x == 0) s.frontier_count = 0;
+  __syncthreads();
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    uint32_t value = 0;
+    const bool member = valid && project(bits, col, value) && (value & prefix_mask) == prefix;
+    const int position = WarpReserve(&s.frontier_count, member);
+    if (member) s.work.frontier[position] = value;
+  });
+  __syncthreads();
+}
+
+// The rank-th largest projected value, how many items of it are needed to make up `rank`
+// (quota) and how many there are (group). Fewer than rank items take part: all = true.
+struct RankValue {
+  uint32_t value;
+  int quota;
+  int group;
+  bool all;
+  int total;  // the items taking part
+};
+template <class Source, class Project>
+__device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Source& source,
+                                                   const Project& project, int rank) {
+  DigitHistogram(s, source, project, 0, 0, 0);
+  const BinSearch first = FindBins(s, rank, 0);
+  if (first.total < static_cast<uint32_t>(rank))
+    return {0, 0, 0, true, static_cast<int>(first.total)};
+  uint32_t prefix = first.a.bin << DigitShift(0);
+  uint32_t prefix_mask = DigitMask(0) << DigitShift(0);
+  uint32_t remaining = rank - first.a.above;  // the groups above are committed
+  uint32_t group = first.a.count;
+  // The boundary group usually is a small part of the source: later digits look at it alone.
+  const bool compacted = group <= kFrontierCapacity;
+  if (compacted) CompactGroup(s, source, project, prefix, prefix_mask);
+  const FrontierSource frontier{s.work.frontier, static_cast<int>(group)};
+  for (int digit = 1; digit < kNumDigits; ++digit) {
+    if (compacted) {
+      DigitHistogram(s, frontier, AsProjected{}, prefix, prefix_mask, digit);
+    } else {
+      DigitHistogram(s, source, project, prefix, prefix_mask, digit);
+    }
+    const BinFound found = FindBins(s, remaining, 0).a;
+    remaining -= found.above;
+    group = found.count;
+    prefix |= found.bin << DigitShift(digit);
+    prefix_mask |= DigitMask(digit) << DigitShift(digit);
+  }
+  return {prefix, static_cast<int>(remaining), static_cast<int>(group), false,
+          static_cast<int>(first.total)};
+}
+
+// 2048 bins relative to a cutoff (> 0), spanning [cutoff, largest]: keys past largest fall in the
+// last bin, keys below the cutoff (kept under a +-0 threshold) in the first. A rank in a bin of
+// a few candidates is then ranked directly; the first and last bins never settle one.
+struct RelativeBins {
+  uint32_t cutoff;
+  int shift;
+  __device__ __forceinline__ RelativeBins(uint32_t cutoff_key, uint32_t largest)
+      : cutoff(cutoff_key) {
+    const uint32_t quotient = (largest - cutoff) / kLastBin;  // the smallest shift leaving largest
+    shift = quotient == 0 ? 0 : 32 - __clz(quotient);         // below the last bin
+  }
+  // Whether bins relative to cutoff can settle a rank (else the radix digits do).
+  __device__ __forceinline__ static bool Usable(uint32_t cutoff_key, uint32_t largest) {
+    return cutoff_key != 0 && largest > cutoff_key;
+  }
+  __device__ __forceinline__ uint32_t operator()(uint32_t key) const {
+    if (key < cutoff) return 0u;
+    const uint32_t bin = (key - cutoff) >> shift;
+    return bin < kLastBin ? bin : kLastBin;
+  }
+  // Whether the rank's bin, of `count` candidates, is one a warp ranks.
+  __device__ __forceinline__ static bool Settles(const BinFound& found) {
+    return found.bin != 0 && found.bin != kLastBin && found.count <= kWarpSize;
+  }
+  static constexpr uint32_t kLastBin = kDigitBins - 1;
+};
+
+// Lane l of a warp holds member l (key, col) of a group of `group` <= 32 members: how many members
+// have a greater key, an equal key and (kColumns) an equal key at a lower column.
+struct WarpRank {
+  int greater;
+  int equal;
+  int equal_before;
+};
+template <bool kColumns>
+__device__ __forceinline__ WarpRank RankInWarp(uint32_t key, uint32_t col, int group) {
+  int greater = 0;
+  int equal = 0;
+  int equal_before = 0;
+  for (int other = 0; other < group; ++other) {
+    const uint32_t other_key = __shfl_sync(kFullMask, key, other);
+    // Both branches spelled out: this order compiles to the measured code.
+    if constexpr (kColumns) {
+      const uint32_t other_col = __shfl_sync(kFullMask, col, other);
+      greater += other_key > key;
+      equal += other_key == key;
+      equal_before += other_key == key && other_col < col;
+    } else {
+      greater += other_key > key;
+      equal += other_key == key;
+    }
+  }
+  return {greater, equal, equal_before};
+}
+
+// Adds this block's candidates to s.hist in relative bins; a barrier follows.
+__device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const CandidateSource& source,
+                                                  const RelativeBins& bins) {
+  source.ForEach([&](uint32_t bits, int32_t, bool valid) {
+    if (valid) atomicAdd(&s.hist[bins(OrderedKeyF32(bits))], 1u);
+  });
+  __syncthreads();
+}
+
+// The rank-th largest key of candidates kept by `cutoff`, given the sample's largest key: one
+// histogram in relative bins usually leaves the k-th key in a bin of a few candidates, which one
+// warp ranks directly. Otherwise the three-digit selection (the answer never depends on the
+// sample, only the work does).
+__device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
+                                                            const CandidateSource& source, int rank,
+                                                            uint32_t cutoff, uint32_t largest) {
+  if (!RelativeBins::Usable(cutoff, largest)) return FindRankValue(s, source, KeyOfValue{}, rank);
+  const RelativeBins relative_bin(cutoff, largest);
+  RelativeHistogram(s, source, relative_bin);
+  const BinSearch first = FindBins(s, rank, 0);
+  if (first.total < static_cast<uint32_t>(rank))
+    return {0, 0, 0, true, static_cast<int>(first.total)};
+  const uint32_t group_bin = first.a.bin;
+  const int group = static_cast<int>(first.a.count);
+  if (!RelativeBins::Settles(first.a)) return FindRankValue(s, source, KeyOfValue{}, rank);
+  const int remaining = rank - static_cast<int>(first.a.above);
+  CompactCandidatesToFrontier(
+      s, source,
+      [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
+      [](uint32_t bits, int32_t) { return OrderedKeyF32(bits); });
+  if (threadIdx.x < kWarpSize) {  // each member counts the members above it and equal to it
+    const int lane = threadIdx.x;
+    const uint32_t key = lane < group ? s.work.frontier[lane] : 0u;
+    const WarpRank r = RankInWarp<false>(key, 0, group);
+    const bool holds_rank =
+        lane < group && r.greater < remaining && remaining <= r.greater + r.equal;
+    if (lane == __ffs(__ballot_sync(kFullMask, holds_rank)) - 1) {
+      s.found[0] = {key, static_cast<uint32_t>(remaining - r.greater),
+                    static_cast<uint32_t>(r.equal)};
+    }
+  }
+  __syncthreads();
+  const BinFound kth = s.found[0];  // {key, quota, group}
+  return {kth.bin, static_cast<int>(kth.above), static_cast<int>(kth.count), false,
+          static_cast<int>(first.total)};
+}
+
+// Whether an item wins: a key above kth_key, or equal to it at a column <= column_limit.
+struct Wins {
+  uint32_t kth_key;
+  uint32_t column_limit;
+  __device__ __forceinline__ bool operator()(uint32_t bits, int32_t col) const {
+    const uint32_t key = OrderedKeyF32(bits);
+    return key > kth_key || (key == kth_key && static_cast<uint32_t>(col) <= column_limit);
+  }
+};
+
+// Marks the winners' columns, all in [base, base + span) with base a multiple of 32, in
+// s.work.bitmap (zeroed first: the frontier it aliases is dead); bit c stands for column base + c.
+template <class Source>
+__device__ __forceinline__ void MarkWinners(SharedStorage& s, const Source& source,
+                                            const Wins& wins, int base, int span) {
+  const int words = (span + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) s.work.bitmap[w] = 0;
+  __syncthreads();
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    if (valid && wins(bits, col)) atomicOr(&s.work.bitmap[(col - base) / 32], 1u << (col % 32));
+  });
+  __syncthreads();
+}
+
+// Puts the winners in s.work.selected, in no particular order. Returns how many.
+template <class Source>
+__device__ __forceinline__ int GatherWinners(SharedStorage& s, const Source& source,
+                                             const Wins& wins) {
+  if (threadIdx.x == 0) s.selected_count = 0;
+  __syncthreads();
+  if constexpr (std::is_same_v<Source, CandidateSource>) {
+    CompactCandidates(source, &s.selected_count, wins, [&](int position, uint2 c) {
+      if (position < kMaxK) {
+        s.work.selected.bits[position] = c.x;
+        s.work.selected.col[position] = c.y;
+      }
+    });
+  } else {
+    source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+      const bool won = valid && wins(bits, col);
+      const int position = WarpReserve(&s.selected_count, won);
+      if (won && position < kMaxK) {
+        s.work.selected.bits[position] = bits;
+        s.work.selected.col[position] = static_cast<uint32_t>(col);
+      }
+    });
+  }
+  __syncthreads();
+  return min(s.selected_count, kMaxK);
+}
+
+// A settled selection: which items win (the k-th key and the last winning column of it) and
+// how many do.
+struct Selection {
+  Wins wins;
+  bool all;   // at most k valid items: all of them win
+  int total;  // the valid items
+  int k;
+  __device__ __forceinline__ int Count() const { return all ? total : k; }  // min(k, total)
+};
+
+// Given the k-th value of a source (kth), settles the tie quota: the lowest columns of the k-th
+// key win.
+template <class Source>
+__device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& source, int k,
+                                                const RankValue& kth) {
+  Wins wins{0, 0};  // kth.all: every valid key is above 0
+  if (!kth.all) {
+    wins = {kth.value, 0xFFFFFFFFu};
+    if (kth.quota < kth.group)
+      wins.column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
+  }
+  return {wins, kth.all, kth.total, k};
+}
+
+// The exact top-k of a buffer of candidates (ties to the lowest columns): the entry point for
+// any kernel that holds (value bits, column) pairs, however it found them. `cutoff` is the
+// ordered key that kept them (0: none; > 0 lets the relative bins work, given `largest`, the
+// largest key the caller expects, e.g. the sample's): the answer never depends on either, only
+// the work does. PutWinners then puts the winners where the caller wants them.
+__device__ __forceinline__ Selection SelectCandidates(SharedStorage& s,
+                                                      const CandidateSource& candidates, int k,
+                                                      uint32_t cutoff, uint32_t largest) {
+  return SettleTies(s, candidates, k, FindCandidateRankValue(s, candidates, k, cutoff, largest));
+}
+
+// The exact top-k of a row read from global memory (the exact route).
+__device__ __forceinline__ Selection SelectRow(SharedStorage& s, const RowSource& row, int k) {
+  return SettleTies(s, row, k, FindRankValue(s, row, KeyOfValue{}, k));
+}
+
+// Where a selection's winners go: marked in s.work.bitmap (a bit for each of the columns
+// [0, columns), columns <= kBitmapColumns; WriteWinners reads them out in column order), or
+// gathered into s.work.selected (value bits and column, in no particular order).
+enum class WinnersTo { kSelected, kBitmap };
+
+// Puts the winners of `selection` (over the same source) where `to` says; returns how many.
+template <class Source>
+__device__ __forceinline__ int PutWinners(SharedStorage& s, const Source& source,
+                                          const Selection& selection, WinnersTo to, int columns) {
+  if (to == WinnersTo::kSelected) return GatherWinners(s, source, selection.wins);
+  MarkWinners(s, source, selection.wins, 0, columns);
+  return selection.Count();
+}
+
+}  // namespace
+}  // namespace jax_topk

@@ -1,0 +1,130 @@
+// Winners and ordering: writes a row's (or a split part's) m winners to its output slots, in
+// column order or, for sorted=true, by key descending then column ascending; page-transformed,
+// coalesced, padded with kEmptySlot up to k where asked. Winners marked in s.work.bitmap are
+// read out in column order by one block scan of each thread's run of words (linear in the row);
+// winners gathered in s.work.selected go through a block radix sort.
+//
+// Contract: WriteWinners is called by every thread of the block with block-uniform arguments,
+// after the selection's closing barrier. It reuses s.candidates (as the ordered columns) and
+// s.work (as the sort's storage) and ends with a barrier, after which both are free again.
+#pragma once
+
+#include "kernels/filtered/layout.cuh"
+#include "kernels/topk_scan.cuh"
+
+namespace jax_topk {
+namespace {
+
+// Writes the columns marked in s.work.bitmap to s.candidates (dead since the selection) in
+// ascending order: each thread counts a run of words_per_thread (<= kWords) words, one block scan
+// places every thread's columns. Linear in the row's words, where a block radix sort of the 2048
+// columns takes five 4-bit passes.
+template <int kWords>
+__device__ __forceinline__ void OrderBitmap(SharedStorage& s, int words, int words_per_thread) {
+  static_assert(kWords % 4 == 0, "whole uint4 loads");
+  const int first_word = static_cast<int>(threadIdx.x) * words_per_thread;
+  uint32_t mine[kWords];
+#pragma unroll
+  for (int q = 0; q < kWords / 4; ++q) {  // 16-byte loads where the run allows (fewer conflicts)
+    uint4 four = make_uint4(0, 0, 0, 0);
+    if (words_per_thread >= 4) {
+      if (4 * q < words_per_thread && first_word + 4 * q < words) {
+        four = *reinterpret_cast<const uint4*>(&s.work.bitmap[first_word + 4 * q]);
+      }
+    } else if (q == 0) {
+      if (first_word < words) four.x = s.work.bitmap[first_word];
+      if (words_per_thread == 2 && first_word + 1 < words) four.y = s.work.bitmap[first_word + 1];
+    }
+    mine[4 * q + 0] = four.x;
+    mine[4 * q + 1] = four.y;
+    mine[4 * q + 2] = four.z;
+    mine[4 * q + 3] = four.w;
+  }
+  uint32_t count = 0;
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    if (first_word + j >= words) mine[j] = 0;  // past the words MarkWinners zeroed
+    count += __popc(mine[j]);
+  }
+  uint32_t total;
+  int position = static_cast<int>(BlockExclusiveSum(s.warp_sums, count, total));
+  uint32_t* const ordered = reinterpret_cast<uint32_t*>(s.candidates);
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    for (uint32_t bits = mine[j]; bits != 0; bits &= bits - 1) {
+      ordered[position++] = static_cast<uint32_t>(first_word + j) * 32 + __ffs(bits) - 1;
+    }
+  }
+  __syncthreads();
+}
+
+// Writes m winners to out slots [first_slot, first_slot + m) and, with pad, kEmptySlot to the
+// slots after them up to k: ascending, or by key descending then column ascending when sorted;
+// page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
+// [base, base + span); else they are in s.work.selected.
+__device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem& problem, int m,
+                                             int first_slot, int base, int span, bool by_bitmap,
+                                             bool pad) {
+  const int slots = pad ? problem.k - first_slot : m;
+  int32_t* out = problem.out + s.job.row * problem.k + first_slot;
+  const int32_t* page_row = nullptr;
+  if (problem.page_table != nullptr && m > 0) {
+    page_row = problem.page_table +
+               TableRowFor(s.job.row, problem.table_rows, problem.table_count) * problem.pages;
+  }
+  if (by_bitmap) {
+    if (m > 0) {
+      const int words = (span + 31) / 32;
+      int words_per_thread = 1;  // the fewest of 1, 2, 4, ... that cover the span
+      while (words_per_thread * kThreadsPerBlock < words) words_per_thread *= 2;
+      if (words_per_thread <= 8) {  // fewer registers and unrolled steps for spans <= 131072
+        OrderBitmap<8>(s, words, words_per_thread);
+      } else {
+        OrderBitmap<kBitmapWordsPerThread>(s, words, words_per_thread);
+      }
+    }
+    const uint32_t* const ordered = reinterpret_cast<const uint32_t*>(s.candidates);
+    for (int slot = threadIdx.x; slot < slots; slot += kThreadsPerBlock) {
+      out[slot] = slot < m ? PageTransform(static_cast<int32_t>(base + ordered[slot]), page_row,
+                                           problem.log2_page_size)
+                           : kEmptySlot;
+    }
+    __syncthreads();  // the buffers are reused by the next row
+    return;
+  }
+  uint32_t cols[kSortItemsPerThread];
+  uint32_t keys[kSortItemsPerThread];
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {  // blocked; padding sorts last both ways
+    const int slot = threadIdx.x * kSortItemsPerThread + j;
+    cols[j] = slot < m ? s.work.selected.col[slot] : 0xFFFFFFFFu;
+    keys[j] = slot < m ? OrderedKeyF32(s.work.selected.bits[slot]) : 0u;  // 0: below every key
+  }
+  __syncthreads();  // the sort storage aliases the selection
+  if (m > 1) {
+    // Columns are < length < 2^column_bits, so the padding stays above them.
+    const int column_bits = 32 - __clz(static_cast<int>(s.job.length));
+    if (problem.sorted) {
+      RankSort sort(s.work.rank_sort);
+      sort.Sort(cols, keys, 0,
+                column_bits);  // then a stable sort by key keeps ties in column order
+      __syncthreads();
+      sort.SortDescendingBlockedToStriped(keys, cols, 0, 32);
+    } else {
+      ColumnSort(s.work.column_sort).SortBlockedToStriped(cols, 0, column_bits);
+    }
+  }  // m <= 1: slot 0 sits in the same place blocked and striped
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    const int slot = threadIdx.x + kThreadsPerBlock * j;
+    if (slot < slots) {
+      out[slot] =
+          slot < m ? PageTransform(static_cast<int32_t>(cols[j]), page_row, problem.log2_page_size)
+                   : kEmptySlot;
+    }
+  }
+  __syncthreads();  // the sort storage is reused by the next row
+}
+
+}  // namespace
+}  // namespace jax_topk

@@ -1,0 +1,306 @@
+// topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row.
+// 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
+//    aligned); NaN and columns past the length get key 0, never a candidate.
+// 2. k rounds of a warp max (redux.sync) over lane maxima (2 a lane past k = 16), each dropping
+//    the maxima at it: k keys reach the last max T, so every winner does (~9 of 256 at k = 8).
+// 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer, read back one slot
+//    a lane (2 past 32, E past 64); min(k, count) rounds of two redux.sync (max key, min column)
+//    take the winners in rank order: 3k dependent reductions, ~350 instructions a row, where a
+//    warp bitonic sort of 256 x 8 needs 15 dependent cross-lane stages of 16 shuffles each.
+// Traffic: each score read once; k indices (+ values) a row. Limits: kSmallRowsMax* (topk_cuda.h).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/topk_common.h"
+#include "kernels/topk_cuda.h"
+#include "kernels/topk_scan.cuh"
+
+namespace jax_topk {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreadsPerBlock = kWarpsPerBlock * kWarpSize;
+constexpr int kMaxElemsPerLane = kSmallRowsMaxWidth / kWarpSize;
+static_assert(kSmallRowsMaxK <= kWarpSize, "each winner's empty-slot write is one lane's");
+static_assert(kSmallRowsMaxWidth <= 0xFFFF, "a column fits the low 16 bits of a slot");
+
+// Key 0 marks "no candidate": every non-NaN value's ordered key is above it (-inf's is 0x7F or
+// more), so NaN, masked columns and empty slots need no flag of their own.
+constexpr uint32_t kNoCandidate = 0;
+// A slot's column word: the column in the low 16 bits, rank + 1 above once the slot is taken, so a
+// taken slot can never match a later winner's column. An empty slot holds kNoColumn.
+constexpr int kRankShift = 16;
+constexpr uint32_t kColumnMask = (1u << kRankShift) - 1;
+constexpr uint32_t kNoColumn = kColumnMask;
+
+// How each score type reads as a key and writes back as a value. kMaskedBits (a NaN) stands in
+// for a column past the length, so one NaN test excludes both.
+struct Float32Rules {
+  using Bits = uint32_t;
+  static constexpr Bits kMaskedBits = 0x7FFFFFFFu;
+  static constexpr Bits kEmptyValueBits = kNegInfF32Bits;
+  __device__ static uint32_t Key(Bits bits) {
+    return IsNanF32(bits) ? kNoCandidate : OrderedKeyF32(bits);
+  }
+  __device__ static Bits ValueBits(uint32_t key) { return BitsFromOrderedKeyF32(key); }
+};
+// bfloat16 and float16 share the key transform; only their NaN (and so -inf) differ.
+template <ScoreType kScoreType>
+struct SixteenBitRules {
+  static_assert(kScoreType == ScoreType::kBfloat16 || kScoreType == ScoreType::kFloat16);
+  static constexpr bool kBfloat16 = kScoreType == ScoreType::kBfloat16;
+  using Bits = uint16_t;
+  static constexpr Bits kMaskedBits = 0x7FFFu;
+  static constexpr Bits kEmptyValueBits = kBfloat16 ? kNegInfBf16Bits : kNegInfF16Bits;
+  __device__ static uint32_t Key(Bits bits) {
+    const bool nan = kBfloat16 ? IsNanBf16(bits) : IsNanF16(bits);
+    return nan ? kNoCandidate : OrderedKeyBf16(bits);
+  }
+  __device__ static Bits ValueBits(uint32_t key) { return BitsFromOrderedKeyBf16(key); }
+};
+
+// Keys of columns [first_column, first_column + kElems); kNoCandidate at or past `length` (nothing
+// there is read). On a 16-byte aligned row every lane's slice is too (kElems * element size is a
+// multiple of 16), so whole vectors load where they end before the length, single elements where
+// one straddles it and everywhere on an unaligned row.
+template <typename Rules, int kElems>
+__device__ __forceinline__ void LoadKeys(const typename Rules::Bits* row_scores, bool aligned,
+                                         int first_column, int length, uint32_t (&keys)[kElems]) {
+  using Bits = typename Rules::Bits;
+  constexpr int kElemsPerVector = 16 / sizeof(Bits);
+  static_assert(kElems % kElemsPerVector == 0, "a slice is whole 16-byte vectors");
+  Bits bits[kElems];
+  if (aligned && first_column + kElems <= length) {  // the common case: whole vectors only
+#pragma unroll
+    for (int vector = 0; vector < kElems / kElemsPerVector; ++vector) {
+      const uint4 loaded =
+          __ldg(reinterpret_cast<const uint4*>(row_scores + first_column) + vector);
+      memcpy(bits + vector * kElemsPerVector, &loaded, sizeof(loaded));
+    }
+  } else {
+#pragma unroll
+    for (int vector = 0; vector < kElems / kElemsPerVector; ++vector) {
+      const int column = first_column + vector * kElemsPerVector;
+      Bits* vector_bits = bits + vector * kElemsPerVector;
+      if (aligned && column + kElemsPerVector <= length) {
+        const uint4 loaded = __ldg(reinterpret_cast<const uint4*>(row_scores + column));
+        memcpy(vector_bits, &loaded, sizeof(loaded));
+      } else {
+#pragma unroll
+        for (int e = 0; e < kElemsPerVector; ++e) {
+          vector_bits[e] =
+              column + e < length ? __ldg(row_scores + column + e) : Rules::kMaskedBits;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) keys[e] = Rules::Key(bits[e]);
+}
+
+// Step 2, by all lanes: a key that at least k keys reach (1 when fewer than k are candidates),
+// from k rounds of a warp max over kGroups maxima a lane (of equal parts of the slice), each round
+// dropping the maxima equal to it. One maximum a lane leaves ~9 candidates at k = 8 but ~100 at
+// k = 32 (n = 256, normal scores, simulated); two leave ~40 at k = 32.
+constexpr int kMaxKForOneMaximum = 16;
+template <int kGroups, int kElems>
+__device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kElems], int k) {
+  static_assert(kElems % kGroups == 0, "equal parts");
+  uint32_t group_best[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    group_best[g] = keys[g * (kElems / kGroups)];
+#pragma unroll
+    for (int e = 1; e < kElems / kGroups; ++e) {
+      group_best[g] = max(group_best[g], keys[g * (kElems / kGroups) + e]);
+    }
+  }
+  uint32_t threshold = kNoCandidate;  // rounds past the last candidate return 0
+  for (int round = 0; round < k; ++round) {
+    uint32_t lane_best = group_best[0];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) lane_best = max(lane_best, group_best[g]);
+    threshold = __reduce_max_sync(kFullWarp, lane_best);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      if (group_best[g] == threshold) group_best[g] = kNoCandidate;
+    }
+  }
+  return max(threshold, kNoCandidate + 1);
+}
+
+// Step 3's rounds, by all lanes, with kSlots slots a lane: slot s of lane L holds candidate
+// s * 32 + L of the column-ordered buffer (so a lane's slots ascend in column). Takes the
+// min(k, candidates) winners and writes them and the empty slots.
+template <typename Rules, int kSlots>
+__device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, int candidates,
+                                               const TopkProblem& problem, int64_t row) {
+  using Bits = typename Rules::Bits;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  uint32_t keys[kSlots];
+  uint32_t columns[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int index = s * kWarpSize + lane;
+    const uint2 entry =
+        index < candidates ? candidates_buffer[index] : make_uint2(kNoCandidate, kNoColumn);
+    keys[s] = entry.x;
+    columns[s] = entry.y;
+  }
+
+  const int k = problem.k;
+  const int winners = candidates < k ? candidates : k;
+  for (int rank = 0; rank < winners; ++rank) {
+    uint32_t lane_best = keys[0];
+#pragma unroll
+    for (int s = 1; s < kSlots; ++s) lane_best = max(lane_best, keys[s]);
+    const uint32_t best = __reduce_max_sync(kFullWarp, lane_best);
+    // Of this lane's slots at the best key, the first holds the lowest column.
+    uint32_t lane_column = kNoColumn;
+#pragma unroll
+    for (int s = kSlots - 1; s >= 0; --s) lane_column = keys[s] == best ? columns[s] : lane_column;
+    const uint32_t winner = __reduce_min_sync(kFullWarp, lane_column);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (columns[s] == winner) {
+        keys[s] = kNoCandidate;
+        columns[s] += static_cast<uint32_t>(rank + 1) << kRankShift;
+      }
+    }
+  }
+
+  int32_t* row_out = problem.out + row * k;
+  Bits* row_values =
+      problem.values != nullptr ? static_cast<Bits*>(problem.values) + row * k : nullptr;
+  const int32_t* table_row =
+      problem.page_table != nullptr
+          ? problem.page_table +
+                TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages
+          : nullptr;
+  int taken_before = 0;  // sorted = false: winners in lower slots (lower columns) so far
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const uint32_t rank_plus_one = columns[s] >> kRankShift;
+    const bool taken = rank_plus_one != 0;
+    int position = static_cast<int>(rank_plus_one) - 1;
+    if (!problem.sorted) {
+      const uint32_t taken_lanes = __ballot_sync(kFullWarp, taken);
+      position = taken_before + __popc(taken_lanes & ((1u << lane) - 1));
+      taken_before += __popc(taken_lanes);
+    }
+    if (taken) {
+      const int32_t column = static_cast<int32_t>(columns[s] & kColumnMask);
+      row_out[position] = PageTransform(column, table_row, problem.log2_page_size);
+      if (row_values != nullptr) {
+        row_values[position] = Rules::ValueBits(candidates_buffer[s * kWarpSize + lane].x);
+      }
+    }
+  }
+  if (lane >= winners && lane < k) {
+    row_out[lane] = kEmptySlot;
+    if (row_values != nullptr) row_values[lane] = Rules::kEmptyValueBits;
+  }
+}
+
+template <typename Rules, int kElems>
+__global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
+  using Bits = typename Rules::Bits;
+  // (key, column) of each warp's candidates in column order; in full only when a row's
+  // candidates are many (ties at the threshold, rows in ascending order).
+  __shared__ uint2 candidates_buffer[kWarpsPerBlock][kWarpSize * kElems];
+
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= problem.rows) return;  // whole warps leave: no warp-wide call sees a missing lane
+  const int k = problem.k;
+
+  if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
+    if (lane < k) {
+      problem.out[row * k + lane] = kEmptySlot;
+      if (problem.values != nullptr) {
+        static_cast<Bits*>(problem.values)[row * k + lane] = Rules::kEmptyValueBits;
+      }
+    }
+    return;
+  }
+  const int length =
+      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
+                                                  : problem.width);
+  const Bits* row_scores = static_cast<const Bits*>(problem.scores) + row * problem.width;
+  const bool aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
+  const int first_column = lane * kElems;
+  uint32_t keys[kElems];
+  LoadKeys<Rules, kElems>(row_scores, aligned, first_column, length, keys);
+
+  // Step 2: the threshold.
+  const uint32_t threshold =
+      k <= kMaxKForOneMaximum ? CandidateThreshold<1>(keys, k) : CandidateThreshold<2>(keys, k);
+
+  // Step 3: compact the candidates in column order (lane order, then slice order).
+  int lane_candidates = 0;
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) lane_candidates += keys[e] >= threshold ? 1 : 0;
+  const int inclusive = WarpInclusiveSum(lane_candidates);
+  const int candidates = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
+  uint2* const warp_buffer = candidates_buffer[warp];
+  uint2* next_entry = warp_buffer + (inclusive - lane_candidates);
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) {
+    if (keys[e] >= threshold) {
+      *next_entry++ = make_uint2(keys[e], static_cast<uint32_t>(first_column + e));
+    }
+  }
+  __syncwarp();
+
+  if (candidates <= kWarpSize) {
+    SelectAndWrite<Rules, 1>(warp_buffer, candidates, problem, row);
+  } else if (candidates <= 2 * kWarpSize) {
+    SelectAndWrite<Rules, 2>(warp_buffer, candidates, problem, row);
+  } else {
+    SelectAndWrite<Rules, kElems>(warp_buffer, candidates, problem, row);
+  }
+}
+
+template <typename Rules>
+cudaError_t LaunchForRules(const TopkProblem& problem, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>((problem.rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  const dim3 block(kThreadsPerBlock);
+  // The narrowest slice that covers the row: short rows hold fewer registers.
+  if (problem.width <= kWarpSize * 8) {
+    TopkSmallRowsKernel<Rules, 8><<<grid, block, 0, stream>>>(problem);
+  } else if (problem.width <= kWarpSize * 16) {
+    TopkSmallRowsKernel<Rules, 16><<<grid, block, 0, stream>>>(problem);
+  } else {
+    static_assert(kMaxElemsPerLane == 32, "the widest slice covers kSmallRowsMaxWidth");
+    TopkSmallRowsKernel<Rules, kMaxElemsPerLane><<<grid, block, 0, stream>>>(problem);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream) {
+  if (problem.rows == 0) return cudaSuccess;
+  if (problem.rows < 0 || (problem.rows + kWarpsPerBlock - 1) / kWarpsPerBlock > INT32_MAX ||
+      problem.width < 1 || problem.width > kSmallRowsMaxWidth || problem.k < 1 ||
+      problem.k > kSmallRowsMaxK ||
+      (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
+    return cudaErrorInvalidValue;
+  }
+  switch (problem.score_type) {
+    case ScoreType::kFloat32:
+      return LaunchForRules<Float32Rules>(problem, stream);
+    case ScoreType::kBfloat16:
+      return LaunchForRules<SixteenBitRules<ScoreType::kBfloat16>>(problem, stream);
+    case ScoreType::kFloat16:
+      return LaunchForRules<SixteenBitRules<ScoreType::kFloat16>>(problem, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jax_topk

@@ -1,0 +1,156 @@
+"""The whole contract (docs/contract.md sections 3-4, 7 and 10) in plain JAX, for platforms
+without our handlers.
+
+It lowers the FFI-call primitive wherever no handler is registered (TPU, ROCm, an export
+for such a platform, CUDA on a build without the CUDA extension) and gives the handlers'
+results bit for bit. Every step is exact by construction, never by a backend's tie rule:
+1. Each score becomes an ordered key: an integer whose signed order is the IEEE total order
+   of the value, from the raw bits. NaN, columns past the row's length and rows past their
+   group's num_valid_rows are not candidates.
+2. One `lax.sort` of each row by (not a candidate, key descending, column ascending): the
+   columns make every sort key distinct, so the order is fully determined. Its first k
+   entries are the rank order; `sorted=False` sorts those k columns.
+3. The page transform, in 32-bit unsigned arithmetic as the handlers do.
+A full sort: O(n log n) a row and three int32 copies of the scores, slower than a top-k
+where k << n but exact without trusting any backend's top-k tie rule, and cheap to compile.
+
+`select` returns the columns before the page transform so that a caller wanting the
+values too can gather them (-1 slots are the empty ones).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._contract import Operands, Params
+
+EMPTY_SLOT = -1
+
+
+def ordered_keys(scores):
+    """Keys whose signed integer order is the IEEE total order of the float scores,
+    -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN (integers: their numeric order), and a
+    NaN mask. Types of up to 32 bits give int32 keys (narrower keys sign-extended, which
+    keeps their order), 64-bit types int64 keys."""
+    if jnp.issubdtype(scores.dtype, jnp.integer):
+        return _integer_keys(scores), jnp.zeros(scores.shape, bool)
+    bits = jnp.finfo(scores.dtype).bits
+    signed = jnp.dtype(f"int{bits}")
+    raw = lax.bitcast_convert_type(scores, signed)
+    magnitude_mask = np.array(np.iinfo(signed).max, signed)
+    # Negative values: flip the magnitude bits, so a larger magnitude orders lower.
+    keys = jnp.where(raw < 0, raw ^ magnitude_mask, raw)
+    infinity = lax.bitcast_convert_type(jnp.array(np.inf, scores.dtype), signed)
+    is_nan = (raw & magnitude_mask) > infinity
+    return keys.astype(jnp.int32 if bits <= 32 else jnp.int64), is_nan
+
+
+def _integer_keys(values):
+    """Signed integers are their own keys; unsigned ones flip the top bit of their bits read
+    as signed, which maps 0 to the signed minimum and keeps the order."""
+    bits = jnp.iinfo(values.dtype).bits
+    wide = jnp.int32 if bits <= 32 else jnp.int64
+    if jnp.issubdtype(values.dtype, jnp.signedinteger):
+        return values.astype(wide)
+    signed = jnp.dtype(f"int{bits}")
+    flipped = lax.bitcast_convert_type(values, signed) ^ np.array(np.iinfo(signed).min, signed)
+    return flipped.astype(wide)
+
+
+def empty_value(dtype):
+    """An empty slot's value: -inf, or an integer dtype's minimum."""
+    if jnp.issubdtype(dtype, jnp.integer):
+        return np.array(np.iinfo(dtype).min, dtype)
+    return np.array(-np.inf, dtype)
+
+
+def gather_values(scores, columns):
+    """The scores at the selected columns (before any page transform), empty_value in -1
+    slots."""
+    picked = jnp.take_along_axis(scores, jnp.maximum(columns, 0), axis=1)
+    return jnp.where(columns != EMPTY_SLOT, picked, empty_value(scores.dtype))
+
+
+def select_with_values(scores, lengths, *, k: int, sorted: bool):
+    """top_k's exact path for any dtype: (values, indices) of 2-D rows."""
+    columns = select(scores, lengths, None, k=k, sorted=sorted, has_num_valid_rows=False)
+    return gather_values(scores, columns), columns
+
+
+def valid_rows(rows: int, num_valid_rows):
+    """Row r is valid iff r % group < num_valid_rows[r // group], rows in equal groups."""
+    group = rows // num_valid_rows.shape[0]
+    row = jnp.arange(rows, dtype=jnp.int32)
+    return row % group < num_valid_rows[row // group]
+
+
+def select(scores, lengths, num_valid_rows, *, k: int, sorted: bool, has_num_valid_rows: bool):
+    """The selected columns, int32 [rows, k], -1 past the candidates (SPEC section 4)."""
+    rows, n = scores.shape
+    if rows == 0:
+        return jnp.full((0, k), EMPTY_SLOT, jnp.int32)
+    keys, is_nan = ordered_keys(scores)
+    columns = lax.broadcasted_iota(jnp.int32, (rows, n), 1)
+    candidate = (columns < jnp.clip(lengths, 0, n)[:, None]) & ~is_nan
+    if has_num_valid_rows:
+        candidate &= valid_rows(rows, num_valid_rows)[:, None]
+    width = min(k, n)
+    # Rank order: candidates first, then key descending (~key reverses the order without
+    # overflow), then column ascending. The columns make every sort key distinct.
+    _, _, ranked = lax.sort(
+        ((~candidate).astype(jnp.int32), ~keys, columns), dimension=1, num_keys=3
+    )
+    slot = lax.broadcasted_iota(jnp.int32, (rows, width), 1)
+    empty = slot >= candidate.sum(axis=1, dtype=jnp.int32)[:, None]
+    picked = ranked[:, :width]
+    if not sorted:  # ascending columns; no column reaches int32's maximum, so empty stay last
+        int32_max = np.iinfo(np.int32).max
+        picked = lax.sort(jnp.where(empty, int32_max, picked), dimension=1)
+    picked = jnp.where(empty, EMPTY_SLOT, picked)
+    if width < k:
+        picked = jnp.pad(picked, ((0, 0), (0, k - width)), constant_values=EMPTY_SLOT)
+    return picked
+
+
+def page_transform(columns, page_table, table_rows, *, log2_page_size: int, has_table_rows: bool):
+    """Column j of row r -> page_table[t, j >> log2] << log2 | (j & (page_size - 1)) in
+    32-bit unsigned arithmetic (as the handlers: a negative or huge page wraps), t =
+    table_rows[r] clamped into [0, T) or r; -1 slots stay -1."""
+    rows = columns.shape[0]
+    if has_table_rows:
+        table_row = jnp.clip(table_rows, 0, page_table.shape[0] - 1)
+    else:
+        table_row = jnp.arange(rows, dtype=jnp.int32)
+    present = columns != EMPTY_SLOT
+    column = jnp.where(present, columns, 0)
+    page = page_table[table_row[:, None], column >> log2_page_size].astype(jnp.uint32)
+    offset = (column & ((1 << log2_page_size) - 1)).astype(jnp.uint32)
+    written = lax.bitcast_convert_type((page << log2_page_size) + offset, jnp.int32)
+    return jnp.where(present, written, EMPTY_SLOT)
+
+
+def ffi_call(*operands, params: Params):
+    """The FFI call's operands and parameters in, its results (the indices, and the values
+    when `params.with_values`) out."""
+    operands = Operands(*operands)
+    scores = operands.scores
+    columns = select(
+        scores,
+        operands.lengths,
+        operands.num_valid_rows,
+        k=params.k,
+        sorted=params.sorted,
+        has_num_valid_rows=params.has_num_valid_rows,
+    )
+    values = gather_values(scores, columns) if params.with_values else None
+    if params.has_page_table and columns.shape[0]:
+        columns = page_transform(
+            columns,
+            operands.page_table,
+            operands.table_rows,
+            log2_page_size=params.log2_page_size,
+            has_table_rows=params.has_table_rows,
+        )
+    return (columns,) if values is None else (columns, values)

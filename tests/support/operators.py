@@ -1,0 +1,53 @@
+"""The operators under test, the score dtype each takes, and running one under jit on a
+backend with its arrays placed there."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+import jax_topk
+
+from . import families
+
+OPS = {"topk_bf16": jax_topk.topk_bf16, "topk_filtered": jax_topk.topk_filtered}
+SCORE_DTYPES = {"topk_bf16": "bfloat16", "topk_filtered": "float32"}
+
+
+def gpu_devices():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+def device_for(backend):
+    """The device a backend runs on: `fallback` is the CPU with the pure-JAX lowering."""
+    return gpu_devices()[0] if backend == "gpu" else jax.devices("cpu")[0]
+
+
+def make_scores(op, rng, shape, family="normal"):
+    """Scores of one value family in the dtype `op` takes."""
+    return families.make(family, rng, shape, SCORE_DTYPES[op])
+
+
+def run_op(op, backend, scores, lengths, **kwargs):
+    """Runs an operator under jit on one backend, the arrays placed there."""
+    device = device_for(backend)
+    traced = {}
+    static = {}
+    for name, value in kwargs.items():
+        if name in ("page_table", "table_rows", "num_valid_rows") and value is not None:
+            traced[name] = jax.device_put(np.asarray(value), device)
+        else:
+            static[name] = value
+    fn = jax.jit(lambda s, lens, t: OPS[op](s, lens, **t, **static))
+    out = fn(jax.device_put(scores, device), jax.device_put(np.asarray(lengths), device), traced)
+    return np.asarray(out)
+
+
+def permuted_page_table(rng, table_rows, pages):
+    """Each table row a random permutation of distinct physical pages."""
+    return np.stack([rng.permutation(pages * 4)[:pages] for _ in range(table_rows)]).astype(
+        np.int32
+    )

@@ -1,0 +1,344 @@
+"""jax_topk.top_k, the drop-in for jax.lax.top_k (docs/contract.md section 7): values and
+indices against jax.lax.top_k on the CPU and against a NumPy reference, every route and
+dtype, the JVP rule, and JAX transformations."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax_topk
+from tests.support import families
+from tests.support.operators import device_for
+
+FAST_DTYPES = ["float32", "bfloat16", "float16"]
+# Families without NaN: there jax.lax.top_k's result is the contract's, bit for bit.
+NAN_FREE = [
+    "normal",
+    "heavy_ties",
+    "constant",
+    "all_neg_inf",
+    "signed_zeros",
+    "denormals",
+    "infinities",
+    "ascending",
+    "near_ties",
+]
+
+
+def ordered_keys(values: np.ndarray) -> np.ndarray:
+    """IEEE total order (floats) or numeric order (integers) as uint64, for any dtype."""
+    dtype = values.dtype
+    if np.issubdtype(dtype, np.integer):
+        if np.issubdtype(dtype, np.unsignedinteger):
+            return values.astype(np.uint64)
+        return (values.astype(np.int64).view(np.uint64)) ^ np.uint64(1 << 63)
+    width = dtype.itemsize * 8
+    bits = values.view(f"uint{width}").astype(np.uint64)
+    sign = np.uint64(1 << (width - 1))
+    mask = np.uint64((1 << width) - 1)
+    return np.where(bits & sign, ~bits & mask, bits | sign)
+
+
+def is_nan(values: np.ndarray) -> np.ndarray:
+    if np.issubdtype(values.dtype, np.integer):
+        return np.zeros(values.shape, bool)
+    return np.isnan(values)
+
+
+def empty_value(dtype) -> np.ndarray:
+    if np.issubdtype(dtype, np.integer):
+        return np.array(np.iinfo(dtype).min, dtype)
+    return np.array(-np.inf, np.float32).astype(dtype)
+
+
+def reference_top_k(operand, k, lengths=None, sorted=True):
+    """The contract in plain NumPy: a full sort by (key descending, column ascending)."""
+    operand = np.asarray(operand)
+    n = operand.shape[-1]
+    leading = operand.shape[:-1]
+    flat = operand.reshape(-1, n)
+    rows = flat.shape[0]
+    lengths = np.full(rows, n) if lengths is None else np.asarray(lengths, np.int64).reshape(rows)
+    values = np.full((rows, k), empty_value(operand.dtype), operand.dtype)
+    indices = np.full((rows, k), -1, np.int32)
+    for r in range(rows):
+        row = flat[r, : int(np.clip(lengths[r], 0, n))]
+        cols = np.nonzero(~is_nan(row))[0]
+        order = np.lexsort((cols, ~ordered_keys(row[cols])))[:k]
+        chosen = cols[order] if sorted else np.sort(cols[order])
+        indices[r, : len(chosen)] = chosen
+        values[r, : len(chosen)] = row[chosen]
+    return values.reshape(*leading, k), indices.reshape(*leading, k)
+
+
+@functools.cache
+def _jitted_top_k(k, sorted):
+    """One jitted function per (k, sorted): calls of the same shape compile once."""
+    return jax.jit(lambda x, lengths: jax_topk.top_k(x, k, lengths=lengths, sorted=sorted))
+
+
+def run_top_k(backend, operand, k, lengths=None, sorted=True):
+    device = device_for(backend)
+    operand = jax.device_put(operand, device)
+    if lengths is not None:
+        lengths = jax.device_put(np.asarray(lengths), device)
+    out = _jitted_top_k(k, sorted)(operand, lengths)
+    return tuple(np.asarray(o) for o in out)
+
+
+def assert_same_bits(actual, expected, msg=""):
+    """Values compared as raw bits: -0.0 and +0.0 differ, every NaN pattern must match."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == expected.dtype, msg
+    width = actual.dtype.itemsize * 8
+    np.testing.assert_array_equal(
+        actual.view(f"uint{width}"), expected.view(f"uint{width}"), err_msg=msg
+    )
+
+
+def make(family, rng, shape, dtype):
+    return families.make(family, rng, shape, dtype)
+
+
+# Shapes that reach every route: the small-row path (n <= 1024, small k), the register
+# kernel (16-bit n <= 16384), the filtered kernel (long rows) and k beyond 2048 (sort).
+ROUTE_SHAPES = [
+    (5, 1, 1),
+    (9, 256, 8),
+    (4, 1000, 50),
+    (3, 5000, 300),
+    (3, 20000, 2048),
+    (2, 20000, 2049),
+    (2, 3000, 3000),
+]
+
+
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("rows,n,k", ROUTE_SHAPES)
+def test_sorted_matches_lax_top_k(backend, dtype, rows, n, k):
+    """On NaN-free rows without lengths: the same values and indices as jax.lax.top_k on
+    the CPU, bit for bit, in every family (ties, signed zeros, infinities, denormals)."""
+    rng = np.random.default_rng(rows * 7 + n + k)
+    for family in NAN_FREE:
+        operand = make(family, rng, (rows, n), dtype)
+        expected = jax.lax.top_k(jax.device_put(operand, jax.devices("cpu")[0]), k)
+        values, indices = run_top_k(backend, operand, k)
+        np.testing.assert_array_equal(indices, np.asarray(expected[1]), err_msg=family)
+        assert_same_bits(values, np.asarray(expected[0]), family)
+
+
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("rows,n,k", ROUTE_SHAPES)
+def test_matches_reference(backend, dtype, rows, n, k):
+    """Every family (NaN of both signs and random bit patterns included), lengths at every
+    boundary, both orders: the NumPy reference, values and indices."""
+    rng = np.random.default_rng(rows + n * 3 + k)
+    special = np.array([-3, 0, 1, k - 1, k, k + 1, n, n + 5, 2**31 - 1], np.int64)
+    for family in families.FAMILIES:
+        operand = make(family, rng, (rows, n), dtype)
+        lengths = np.clip(rng.choice(special, size=rows), -(2**31), 2**31 - 1).astype(np.int32)
+        for sorted_ in (True, False):
+            values, indices = run_top_k(backend, operand, k, lengths, sorted_)
+            ref_values, ref_indices = reference_top_k(operand, k, lengths, sorted_)
+            np.testing.assert_array_equal(indices, ref_indices, err_msg=family)
+            assert_same_bits(values, ref_values, family)
+
+
+def test_nan_never_selected_and_empty_slots(backend):
+    """NaN (either sign) is never selected: its slots are index -1 and value -inf."""
+    row = np.array([[np.nan, 1.0, -np.nan, -np.inf, np.nan]], np.float32)
+    for dtype in FAST_DTYPES:
+        values, indices = run_top_k(backend, row.astype(dtype), 4)
+        np.testing.assert_array_equal(indices, [[1, 3, -1, -1]])
+        assert values.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(values.astype(np.float32), [[1.0, -np.inf, -np.inf, -np.inf]])
+
+
+def test_float16_specials(backend):
+    """float16's own specials: its subnormals, its larger exponent step, its largest finite
+    value, and NaN/inf patterns that are ordinary numbers in bfloat16."""
+    bits = np.array(
+        [
+            0x0001,
+            0x8001,
+            0x03FF,
+            0x0400,
+            0x7BFF,
+            0xFBFF,
+            0x7C00,
+            0xFC00,
+            0x7C01,
+            0xFE00,
+            0x3C00,
+            0x3C01,
+            0x0000,
+            0x8000,
+        ],
+        np.uint16,
+    )
+    rng = np.random.default_rng(12)
+    operand = rng.choice(bits, size=(6, 700)).view(np.float16)
+    for k in (1, 13, 699):
+        for sorted_ in (True, False):
+            values, indices = run_top_k(backend, operand, k, sorted=sorted_)
+            ref_values, ref_indices = reference_top_k(operand, k, sorted=sorted_)
+            np.testing.assert_array_equal(indices, ref_indices)
+            assert_same_bits(values, ref_values)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "uint8", "uint32", "int16"])
+def test_integer_dtypes(backend, dtype):
+    """Other dtypes take the exact slow path: the same contract, the dtype's minimum in
+    empty slots."""
+    rng = np.random.default_rng(13)
+    info = np.iinfo(dtype)
+    operand = rng.integers(info.min, info.max, size=(5, 300), endpoint=True, dtype=dtype)
+    operand[1] = operand[1, 0]  # a constant row: all ties
+    lengths = np.array([300, 300, 0, 4, 299], np.int32)
+    for sorted_ in (True, False):
+        values, indices = run_top_k(backend, operand, 10, lengths, sorted_)
+        ref_values, ref_indices = reference_top_k(operand, 10, lengths, sorted_)
+        np.testing.assert_array_equal(indices, ref_indices)
+        np.testing.assert_array_equal(values, ref_values)
+        assert values.dtype == np.dtype(dtype)
+
+
+def test_float64(backend):
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(14)
+        bits = rng.integers(0, 2**63, size=(4, 500), dtype=np.uint64) * np.uint64(2)
+        operand = (bits | rng.integers(0, 2, size=(4, 500), dtype=np.uint64)).view(np.float64)
+        operand[0, ::3] = -0.0
+        values, indices = run_top_k(backend, operand, 33, np.array([500, 0, 7, 400], np.int32))
+        ref_values, ref_indices = reference_top_k(operand, 33, np.array([500, 0, 7, 400]))
+        np.testing.assert_array_equal(indices, ref_indices)
+        assert_same_bits(values, ref_values)
+
+
+@pytest.mark.parametrize("shape", [(300,), (2, 3, 300), (1, 1, 1, 17)])
+def test_leading_shapes(backend, shape):
+    rng = np.random.default_rng(15)
+    operand = make("normal", rng, shape, "float32")
+    values, indices = run_top_k(backend, operand, 5)
+    assert values.shape == indices.shape == shape[:-1] + (5,)
+    ref_values, ref_indices = reference_top_k(operand, 5)
+    np.testing.assert_array_equal(indices, ref_indices)
+    assert_same_bits(values, ref_values)
+
+
+def test_k_equal_to_n_and_one(backend):
+    rng = np.random.default_rng(16)
+    for n in (1, 2, 33, 2048, 2049):
+        operand = make("heavy_ties", rng, (3, n), "bfloat16")
+        for k in {1, n}:
+            values, indices = run_top_k(backend, operand, k)
+            expected = jax.lax.top_k(jax.device_put(operand, jax.devices("cpu")[0]), k)
+            np.testing.assert_array_equal(indices, np.asarray(expected[1]))
+            assert_same_bits(values, np.asarray(expected[0]))
+
+
+# --- Differentiation: the JVP rule of jax.lax.top_k for values; no tangent for indices.
+
+
+def _tie_free(rng, shape):
+    """Distinct values in every row, so jax.lax.top_k's gradient is well defined."""
+    return (
+        np.stack([rng.permutation(shape[-1]) for _ in range(int(np.prod(shape[:-1])))])
+        .reshape(shape)
+        .astype(np.float32)
+        / shape[-1]
+        + 0.5
+    )
+
+
+@pytest.mark.parametrize("n,k", [(64, 8), (3000, 50), (5000, 2049)])
+def test_grad_matches_lax_top_k(backend, n, k):
+    rng = np.random.default_rng(17)
+    x = jax.device_put(_tie_free(rng, (3, n)), device_for(backend))
+    weights = jnp.asarray(rng.standard_normal((3, k)), jnp.float32)
+
+    def loss(top_k_fn, x):
+        values, indices = top_k_fn(x, k)
+        gathered = jnp.take_along_axis(jnp.sin(x), indices, axis=-1)  # a gathered loss too
+        return jnp.sum(values * weights) + jnp.sum(gathered**2)
+
+    ours = jax.grad(lambda x: loss(jax_topk.top_k, x))(x)
+    theirs = jax.grad(lambda x: loss(jax.lax.top_k, x))(x)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6, atol=0)
+    assert np.count_nonzero(np.asarray(ours)) > 0
+
+
+def test_jacfwd_and_vmapped_grad(backend):
+    rng = np.random.default_rng(18)
+    x = jax.device_put(_tie_free(rng, (4, 40)), device_for(backend))
+    jac_ours = jax.jacfwd(lambda x: jax_topk.top_k(x, 5)[0])(x)
+    jac_theirs = jax.jacfwd(lambda x: jax.lax.top_k(x, 5)[0])(x)
+    np.testing.assert_array_equal(np.asarray(jac_ours), np.asarray(jac_theirs))
+    grad_rows = jax.vmap(jax.grad(lambda row: jnp.sum(jax_topk.top_k(row, 3)[0] ** 2)))(x)
+    grad_rows_lax = jax.vmap(jax.grad(lambda row: jnp.sum(jax.lax.top_k(row, 3)[0] ** 2)))(x)
+    np.testing.assert_allclose(np.asarray(grad_rows), np.asarray(grad_rows_lax), rtol=1e-6)
+
+
+def test_empty_slots_carry_no_tangent(backend):
+    """A -1 slot's value is -inf and its tangent is zero (nothing was gathered)."""
+    x = jax.device_put(np.array([[1.0, 2.0, np.nan]], np.float32), device_for(backend))
+    tangent = jnp.ones_like(x)
+    (values, indices), (value_tangents, _) = jax.jvp(
+        lambda x: jax_topk.top_k(x, 3), (x,), (tangent,)
+    )
+    np.testing.assert_array_equal(np.asarray(indices), [[1, 0, -1]])
+    np.testing.assert_array_equal(np.asarray(value_tangents), [[1.0, 1.0, 0.0]])
+
+
+# --- JAX behaviour: jit, vmap, scan; errors at trace time.
+
+
+def test_vmap_and_scan(backend):
+    rng = np.random.default_rng(19)
+    x = jax.device_put(make("heavy_ties", rng, (3, 4, 500), "bfloat16"), device_for(backend))
+    lengths = jnp.asarray(rng.integers(-1, 600, size=(3, 4)), jnp.int32)
+    mapped = jax.vmap(lambda a, lens: jax_topk.top_k(a, 20, lengths=lens))(x, lengths)
+    direct = jax_topk.top_k(x, 20, lengths=lengths)
+    for a, b in zip(mapped, direct):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def step(carry, rows):
+        values, indices = jax_topk.top_k(rows, 20)
+        return carry + jnp.sum(indices), values
+
+    total, stacked = jax.lax.scan(step, jnp.int32(0), x)
+    ref_values, ref_indices = reference_top_k(np.asarray(x), 20)
+    assert int(total) == int(ref_indices.astype(np.int64).sum())
+    assert_same_bits(np.asarray(stacked), ref_values)
+
+
+def test_trace_time_errors():
+    x = jnp.zeros((2, 10), jnp.float32)
+    with pytest.raises(ValueError, match=r"k=11.*n=10"):
+        jax_topk.top_k(x, 11)
+    with pytest.raises(ValueError, match=r"k=0"):
+        jax_topk.top_k(x, 0)
+    with pytest.raises(TypeError, match=r"k must be a Python int"):
+        jax_topk.top_k(x, 2.0)
+    with pytest.raises(TypeError, match=r"complex64"):
+        jax_topk.top_k(x.astype(jnp.complex64), 2)
+    with pytest.raises(ValueError, match=r"lengths has shape \(3,\)"):
+        jax_topk.top_k(x, 2, lengths=jnp.zeros(3, jnp.int32))
+    with pytest.raises(ValueError, match=r"at least one dimension"):
+        jax_topk.top_k(jnp.float32(1.0), 1)
+    with pytest.raises(TypeError, match=r"sorted must be a Python bool"):
+        jax_topk.top_k(x, 2, sorted=None)
+
+
+def test_bfloat16_float16_dtypes_are_kept():
+    x = jnp.asarray(np.arange(12, dtype=np.float32).reshape(2, 6))
+    for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+        values, indices = jax_topk.top_k(x.astype(dtype), 2)
+        assert values.dtype == dtype and indices.dtype == jnp.int32
+    assert np.dtype(ml_dtypes.bfloat16) == jnp.bfloat16
