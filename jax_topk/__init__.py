@@ -1,6 +1,10 @@
 """jax_topk: exact row-wise top-k for JAX, as XLA FFI custom calls: the sparse-attention
 indexer operators and `top_k`, the drop-in for `jax.lax.top_k`."""
 
+from ._build_check import require_jaxlib_of_build
+
+require_jaxlib_of_build()  # before _api registers any handler
+
 from ._api import topk_bf16, topk_filtered
 from ._top_k import top_k
 

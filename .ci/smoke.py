@@ -1,0 +1,61 @@
+"""CI's smoke test of an installed jax_topk (.ci/run): both operators on the CPU against
+jax.lax.top_k, and what the build recorded.
+
+    python .ci/smoke.py [--cuda]
+
+--cuda: the CUDA extension must be built and hand JAX both handlers (no GPU needed).
+Run from outside the source tree, so that the installed package is the one imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import jax
+import jax.numpy as jnp
+import jaxlib.version
+import numpy as np
+
+import jax_topk
+from jax_topk import _build_info
+
+TARGETS = {"jax_topk_bf16", "jax_topk_filtered"}
+
+
+def check_cuda_extension() -> None:
+    assert _build_info.CUDA_TOOLKIT, f"no CUDA extension: {_build_info.CUDA_SKIPPED_BECAUSE}"
+    module = importlib.import_module("jax_topk._jax_topk_cuda")
+    registrations = module.registrations()
+    assert set(registrations) == TARGETS, sorted(registrations)
+    print(f"CUDA extension built with {_build_info.CUDA_TOOLKIT}; registers {sorted(registrations)}")
+
+
+def check_operators() -> None:
+    rows, n, k = 8, 3000, 64
+    key_bf16, key_f32 = jax.random.split(jax.random.key(0))
+    cases = {
+        "topk_bf16": (jax_topk.topk_bf16, jax.random.normal(key_bf16, (rows, n), jnp.bfloat16)),
+        "topk_filtered": (jax_topk.topk_filtered, jax.random.normal(key_f32, (rows, n))),
+    }
+    lengths = jnp.full((rows,), n, jnp.int32)
+    for name, (op, scores) in cases.items():
+        ours = jax.jit(lambda s, op=op: op(s, lengths, k=k, sorted=True))(scores)
+        _, expected = jax.lax.top_k(scores, k)
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(expected), err_msg=name)
+        print(f"{name}: {rows} x {n}, k = {k}, equal to jax.lax.top_k")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cuda", action="store_true", help="require the CUDA extension")
+    args = parser.parse_args()
+    print(f"jax {jax.__version__}, jaxlib {jaxlib.version.__version__}; jax_topk built against "
+          f"jaxlib {_build_info.JAXLIB_VERSION}, from {jax_topk.__file__}")
+    if args.cuda:
+        check_cuda_extension()
+    check_operators()
+
+
+if __name__ == "__main__":
+    main()
