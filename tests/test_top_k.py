@@ -192,6 +192,52 @@ def test_float16_specials(backend):
             assert_same_bits(values, ref_values)
 
 
+def pivot_rows(rng, n, k, dtype):
+    """One row per k-th value worth breaking (+inf, -inf, the largest finite value, +0, -0,
+    the smallest subnormal): k//3 values above it, k + 7 equal to it (its quota splits the
+    ties), n//3 NaNs that share an infinity's high byte, the rest below it (NaN where
+    nothing is). The register kernel's byte histograms put those NaNs in the infinities'
+    bins, and -inf is the fill it loads past a row's length: they must count for nothing."""
+    inf = int(np.array(np.inf, dtype).view(np.uint16))
+    nans = np.arange(inf + 1, (inf | 0xFF) + 1)
+    nans = np.concatenate([nans, nans | 0x8000])
+    largest = inf - 1
+    one = int(np.array(1.0, dtype).view(np.uint16))
+    pool = np.array([inf, largest, one, 0x0001, 0x0000])
+    pool = np.concatenate([pool, pool | 0x8000])
+    keys = ordered_keys(pool.astype(np.uint16).view(dtype))
+    rows = []
+    for pivot in (inf, inf | 0x8000, largest, 0x0000, 0x8000, 0x0001):
+        pivot_key = ordered_keys(np.array([pivot], np.uint16).view(dtype))[0]
+        above, below = pool[keys > pivot_key], pool[keys < pivot_key]
+        above_count = k // 3 if len(above) else 0
+        below_count = n - above_count - (k + 7) - n // 3
+        parts = [
+            rng.choice(above, size=above_count) if above_count else np.zeros(0, int),
+            np.full(k + 7, pivot),
+            rng.choice(nans, size=n // 3),
+            rng.choice(below if len(below) else nans, size=below_count),
+        ]
+        rows.append(rng.permutation(np.concatenate(parts)))
+    return np.stack(rows).astype(np.uint16).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n,k", [(1000, 50), (5000, 300), (16384, 2048)])
+def test_pivots_beside_nan_bins(backend, dtype, n, k):
+    """16-bit rows whose k-th value is an infinity, a signed zero or a subnormal, among
+    NaNs that share the infinities' high bytes, with and without lengths, both orders."""
+    rng = np.random.default_rng(n + k)
+    operand = pivot_rows(rng, n, k, np.dtype(dtype))
+    rows = operand.shape[0]
+    for lengths in (None, rng.integers(k, n + 1, size=rows).astype(np.int32)):
+        for sorted_ in (True, False):
+            values, indices = run_top_k(backend, operand, k, lengths, sorted_)
+            ref_values, ref_indices = reference_top_k(operand, k, lengths, sorted_)
+            np.testing.assert_array_equal(indices, ref_indices)
+            assert_same_bits(values, ref_values)
+
+
 @pytest.mark.parametrize("dtype", ["int32", "int8", "uint8", "uint32", "int16"])
 def test_integer_dtypes(backend, dtype):
     """Other dtypes take the exact slow path: the same contract, the dtype's minimum in

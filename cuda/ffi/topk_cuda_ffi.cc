@@ -32,7 +32,6 @@ ffi::Error RefuseUnsupported(const TopkTarget& target, const TopkProblem& proble
 }
 
 ffi::Error RunTopkBf16(cudaStream_t stream, const TopkProblem& problem) {
-  if (ffi::Error error = RefuseUnsupported(kTopkBf16Target, problem); error.failure()) return error;
   return LaunchError("topk_bf16", LaunchTopkBf16(problem, stream));
 }
 

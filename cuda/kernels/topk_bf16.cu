@@ -1,17 +1,18 @@
-// topk_bf16: exact row-wise top-k of bf16 scores, one 512-thread block per row
-// (docs/contract.md section 1). Per row, one device function a phase:
+// topk_bf16: exact row-wise top-k of 16-bit scores, bfloat16 or float16 (both sign-magnitude: one
+// algorithm on raw bits), one 512-thread block per row (docs/contract.md section 1). Per row:
 //  1. LoadRow: each thread keeps a contiguous slice (8-32 columns, sized by the row's length) as
 //     raw bits in registers; columns >= length read as -inf and are taken back out of every
 //     count; NaNs (rare) are rewritten to -inf with their columns excluded.
 //  2. FindHighBin: a 256-bin shared histogram of raw high bytes, one warp walks it in value order.
 //  3. RefinePivot: the same over the low bytes under that high byte: the k-th value, exactly.
-//  4. TakeWinners: bf16x2 compares give (greater, equal) bits; one block scan of their counts gives
-//     each thread its output slot and its share of the equal quota (lowest columns first).
+//  4. TakeWinners: packed compares (bf16x2, half2) give (greater, equal) bits; one block scan of
+//     their counts gives each thread its output slot and share of the equal quota (lowest first).
 //  5. StoreWinners: staged in column order (sorted=true: a stable block radix sort), then stored.
 // Traffic: each score read once (16-byte loads on aligned rows), one coalesced page-transformed
-// store of k int32 per row; no workspace, no host sync.
+// store of k int32 per row, and of k 16-bit values beside them when asked; no workspace, no sync.
 // Limits: width <= kMaxBf16Width = 512 * 32, k <= kMaxK (staged in shared memory), rows < 2^31.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -54,14 +55,28 @@ __device__ __forceinline__ uint32_t HighSlotsOfPair(uint32_t pair) {
 }
 constexpr int kSpillBin = kRadixBins;  // pass 2's bin for keys outside the pivot's high byte
 
-// Loaded in place of columns at or past the length: -inf, which every count then takes back out
-// (it is the only value that can share its bins, and it is never below the pivot's bins unless
-// the pivot is -inf itself, where the column mask drops it).
-constexpr uint16_t kFillBits = 0xFF80;
-constexpr uint32_t kFillPair = 0xFF80FF80u;
-constexpr uint32_t kFillHighByte = kFillBits >> 8;
-constexpr uint32_t kFillLowByte = kFillBits & 0xFF;
-// Masked keys pad the sort and sort after every real key: OrderedKeyBf16 of any value is >= 0x007F.
+// bfloat16 and float16 run one algorithm on raw bits: both are sign-magnitude, so their order is
+// OrderedKeyBf16's and the byte passes are the same. They differ in -inf, in the exponent field
+// and in the packed type whose compares TakeWinners uses.
+template <typename PackedPair, uint16_t kNegInf, uint16_t kExponentField>
+struct SixteenBitScores {
+  using Pair = PackedPair;
+  // -inf: the value of an empty slot, and the fill loaded in place of columns at or past the
+  // length and of NaNs, which every count then takes back out (it is the only value that can
+  // share its bins, and it is never below the pivot's bins unless the pivot is -inf itself,
+  // where the column mask drops it).
+  static constexpr uint16_t kNegInfBits = kNegInf;
+  static constexpr uint32_t kFillPair = kNegInf * 0x00010001u;
+  static constexpr uint32_t kFillHighByte = kNegInf >> 8;
+  static constexpr uint32_t kFillLowByte = kNegInf & 0xFF;
+  // A pivot with none of these bits set (a zero or a subnormal) is compared by ordered key.
+  static constexpr uint32_t kExponentBits = kExponentField;
+};
+using Bf16Scores = SixteenBitScores<__nv_bfloat162, kNegInfBf16Bits, 0x7F80>;
+using F16Scores = SixteenBitScores<__half2, kNegInfF16Bits, 0x7C00>;
+
+// Masked keys pad the sort and sort after every real key: the smallest key of a value (-inf's) is
+// 0x007F (bfloat16) or 0x03FF (float16).
 constexpr uint32_t kMaskedKey = 0;
 
 struct NoSort {
@@ -74,9 +89,14 @@ using BlockSort = std::conditional_t<
     cub::BlockRadixSort<uint32_t, kThreadsPerRow,
                         (kSortItemsPerThread > 0 ? kSortItemsPerThread : 1), int32_t>>;
 
-template <int kSortItemsPerThread>
+template <int kSortItemsPerThread, bool kWithValuesOut>
 struct RowShared {
+  static constexpr int kSortItems = kSortItemsPerThread;
   static constexpr bool kSorted = kSortItemsPerThread > 0;
+  static constexpr bool kWithValues = kWithValuesOut;  // problem.values is written
+  // The winners' keys are staged beside their columns for the sort and for the values (a key
+  // turns back into its value's bits); the unsorted indices-only kernel stages columns alone.
+  static constexpr bool kStagesKeys = kSorted || kWithValues;
   // The histograms are dead once the pivot is known, the staged selection once it is read into
   // the sort's registers: each phase reuses the previous one's space (separated by barriers).
   union {
@@ -88,7 +108,7 @@ struct RowShared {
     } histograms;
     struct {
       int32_t columns[kMaxK];
-      uint16_t keys[kSorted ? kMaxK : 1];
+      uint16_t keys[kStagesKeys ? kMaxK : 1];
     } staged;
     typename BlockSort<kSortItemsPerThread>::TempStorage sort;
   };
@@ -100,12 +120,13 @@ struct RowShared {
   int above_low_bin;              // candidates in the high bin above that low byte
 };
 
-// A slice lives as raw bf16 pairs: element 2p in the low half of pairs[p], element 2p + 1 in the
+// A slice lives as raw 16-bit pairs: element 2p in the low half of pairs[p], element 2p + 1 in the
 // high half (column order, as in memory). Per-element flags are gathered in "pair layout": bit p
-// for element 2p, bit 16 + p for element 2p + 1 (one LOP3 per pair from a bf16x2 compare mask).
+// for element 2p, bit 16 + p for element 2p + 1 (one LOP3 per pair from a packed compare mask).
 
-__device__ __forceinline__ __nv_bfloat162 AsBf16x2(uint32_t pair) {
-  return *reinterpret_cast<const __nv_bfloat162*>(&pair);
+template <typename Pair>
+__device__ __forceinline__ Pair AsPair(uint32_t pair) {
+  return *reinterpret_cast<const Pair*>(&pair);
 }
 
 // Pair layout -> column order (bit i = element i): interleave the low and high 16 bits.
@@ -139,15 +160,15 @@ __device__ __forceinline__ void LoadWords(const uint16_t* scores, uint32_t* word
     words[0] = vector.x;
     words[1] = vector.y;
   } else {
-    static_assert(kElemsPerLoad == 2, "loads of 2, 4 or 8 bf16");
+    static_assert(kElemsPerLoad == 2, "loads of 2, 4 or 8 16-bit scores");
     words[0] = __ldg(reinterpret_cast<const unsigned int*>(scores));
   }
 }
 
-// Raw bits of columns [first_column, first_column + kElemsPerThread), kFillBits at or past
+// Raw bits of columns [first_column, first_column + kElemsPerThread), the fill (-inf) at or past
 // `end`. Whole vectors where they lie before `end`; scalar loads for the vector that straddles it
 // (and everywhere when the row is only 2-byte aligned: kElemsPerLoad == 1).
-template <int kElemsPerThread, int kElemsPerLoad>
+template <typename Scores, int kElemsPerThread, int kElemsPerLoad>
 __device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int first_column, int end,
                                               uint32_t (&pairs)[kElemsPerThread / 2]) {
   constexpr int kElemsPerStep = kElemsPerLoad > 2 ? kElemsPerLoad : 2;
@@ -157,15 +178,16 @@ __device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int fi
     uint32_t* words = pairs + step * (kElemsPerStep / 2);
     if (column >= end) {  // past this thread's slice (or the row): no load at all
 #pragma unroll
-      for (int pair = 0; pair < kElemsPerStep / 2; ++pair) words[pair] = kFillPair;
+      for (int pair = 0; pair < kElemsPerStep / 2; ++pair) words[pair] = Scores::kFillPair;
     } else if (kElemsPerLoad > 1 && column + kElemsPerStep <= end) {
       LoadWords<kElemsPerStep>(row_scores + column, words);
     } else {
 #pragma unroll
       for (int pair = 0; pair < kElemsPerStep / 2; ++pair) {
         const int low = column + 2 * pair;
-        const uint32_t low_bits = low < end ? __ldg(row_scores + low) : kFillBits;
-        const uint32_t high_bits = low + 1 < end ? __ldg(row_scores + low + 1) : kFillBits;
+        const uint32_t low_bits = low < end ? __ldg(row_scores + low) : Scores::kNegInfBits;
+        const uint32_t high_bits =
+            low + 1 < end ? __ldg(row_scores + low + 1) : Scores::kNegInfBits;
         words[pair] = low_bits | (high_bits << 16);
       }
     }
@@ -174,18 +196,18 @@ __device__ __forceinline__ void LoadSliceBits(const uint16_t* row_scores, int fi
 
 // Every slice starts a multiple of 16 bytes after the row start, so the row's own alignment picks
 // the widest load that all threads can use.
-template <int kElemsPerThread>
+template <typename Scores, int kElemsPerThread>
 __device__ __forceinline__ void LoadSlice(const uint16_t* row_scores, int first_column, int end,
                                           uint32_t (&pairs)[kElemsPerThread / 2]) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(row_scores);
   if (address % 16 == 0) {
-    LoadSliceBits<kElemsPerThread, 8>(row_scores, first_column, end, pairs);
+    LoadSliceBits<Scores, kElemsPerThread, 8>(row_scores, first_column, end, pairs);
   } else if (address % 8 == 0) {
-    LoadSliceBits<kElemsPerThread, 4>(row_scores, first_column, end, pairs);
+    LoadSliceBits<Scores, kElemsPerThread, 4>(row_scores, first_column, end, pairs);
   } else if (address % 4 == 0) {
-    LoadSliceBits<kElemsPerThread, 2>(row_scores, first_column, end, pairs);
+    LoadSliceBits<Scores, kElemsPerThread, 2>(row_scores, first_column, end, pairs);
   } else {
-    LoadSliceBits<kElemsPerThread, 1>(row_scores, first_column, end, pairs);
+    LoadSliceBits<Scores, kElemsPerThread, 1>(row_scores, first_column, end, pairs);
   }
 }
 
@@ -252,7 +274,7 @@ __device__ __forceinline__ void WarpFindBin(const int* histogram, bool high_slot
 // [t * slice_elems, (t + 1) * slice_elems), so thread order is still column order. Register slots
 // past slice_elems hold fill and are never histogrammed (active_pairs is the same for the whole
 // block, so skipping them does not diverge).
-template <int kElemsPerThread>
+template <typename Scores, int kElemsPerThread>
 struct RowSlice {
   uint32_t pairs[kElemsPerThread / 2];
   int first_column;
@@ -264,10 +286,10 @@ struct RowSlice {
 // Phase 1, load the row: zeroes the histograms and loads this thread's slice; a row holding any
 // NaN rewrites it to the fill value (-inf) with its column dropped. Every thread calls it; its
 // one barrier also publishes the zeroed histograms.
-template <int kElemsPerThread, int kSortItemsPerThread>
-__device__ __forceinline__ void LoadRow(RowShared<kSortItemsPerThread>& shared,
-                                        const TopkProblem& problem, int64_t row, int length,
-                                        RowSlice<kElemsPerThread>& slice) {
+template <typename Scores, int kElemsPerThread, typename Shared>
+__device__ __forceinline__ void LoadRow(Shared& shared, const TopkProblem& problem, int64_t row,
+                                        int length, RowSlice<Scores, kElemsPerThread>& slice) {
+  using Pair = typename Scores::Pair;
   constexpr int kPairsPerThread = kElemsPerThread / 2;
   const int thread = threadIdx.x;
   if (thread < kRadixBins) shared.histograms.high[thread] = 0;
@@ -277,8 +299,8 @@ __device__ __forceinline__ void LoadRow(RowShared<kSortItemsPerThread>& shared,
   slice.active_pairs = slice_elems / 2;
   slice.first_column = thread * slice_elems;
   const int valid_elems = max(0, min(length - slice.first_column, slice_elems));
-  LoadSlice<kElemsPerThread>(row_scores, slice.first_column, slice.first_column + valid_elems,
-                             slice.pairs);
+  LoadSlice<Scores, kElemsPerThread>(row_scores, slice.first_column,
+                                     slice.first_column + valid_elems, slice.pairs);
 
   // The columns before the length, minus NaNs.
   slice.valid_bits = FirstElementsInPairLayout(valid_elems);
@@ -286,7 +308,7 @@ __device__ __forceinline__ void LoadRow(RowShared<kSortItemsPerThread>& shared,
 #pragma unroll
   for (int pair = 0; pair < kPairsPerThread; ++pair) {
     if (pair >= slice.active_pairs) break;
-    nan_lanes |= __hneu2_mask(AsBf16x2(slice.pairs[pair]), AsBf16x2(slice.pairs[pair]));
+    nan_lanes |= __hneu2_mask(AsPair<Pair>(slice.pairs[pair]), AsPair<Pair>(slice.pairs[pair]));
   }
   if (__syncthreads_or(nan_lanes != 0)) {
     // Rare: NaN anywhere in the row. Rewrite each NaN to the fill value (-inf) and drop its
@@ -294,9 +316,9 @@ __device__ __forceinline__ void LoadRow(RowShared<kSortItemsPerThread>& shared,
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
       const uint32_t nan_mask =
-          __hneu2_mask(AsBf16x2(slice.pairs[pair]), AsBf16x2(slice.pairs[pair]));
+          __hneu2_mask(AsPair<Pair>(slice.pairs[pair]), AsPair<Pair>(slice.pairs[pair]));
       slice.valid_bits &= ~(nan_mask & (0x00010001u << pair));
-      slice.pairs[pair] = (slice.pairs[pair] & ~nan_mask) | (kFillPair & nan_mask);
+      slice.pairs[pair] = (slice.pairs[pair] & ~nan_mask) | (Scores::kFillPair & nan_mask);
     }
   }
   slice.filled = slice_elems - __popc(slice.valid_bits);
@@ -305,10 +327,10 @@ __device__ __forceinline__ void LoadRow(RowShared<kSortItemsPerThread>& shared,
 // Phase 2, the high byte: a histogram of the raw high bytes and one warp's walk of it in value
 // order find the bin of the k-th largest value. Returns the row's candidates (valid scores);
 // shared.high_bin and shared.above_high_bin hold the bin. Every thread calls it; two barriers.
-template <int kElemsPerThread, int kSortItemsPerThread>
-__device__ __forceinline__ int FindHighBin(RowShared<kSortItemsPerThread>& shared,
-                                           const RowSlice<kElemsPerThread>& slice, int length,
-                                           int k) {
+template <typename Scores, int kElemsPerThread, typename Shared>
+__device__ __forceinline__ int FindHighBin(Shared& shared,
+                                           const RowSlice<Scores, kElemsPerThread>& slice,
+                                           int length, int k) {
   constexpr int kPairsPerThread = kElemsPerThread / 2;
   const int lane = threadIdx.x & 31;
   int* const high_histogram = shared.histograms.high;
@@ -322,7 +344,9 @@ __device__ __forceinline__ int FindHighBin(RowShared<kSortItemsPerThread>& share
       atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4441)], 1);
       atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4443)], 1);
     }
-    if (slice.filled > 0) atomicSub(&high_histogram[HighSlot(kFillHighByte)], slice.filled);
+    if (slice.filled > 0) {
+      atomicSub(&high_histogram[HighSlot(Scores::kFillHighByte)], slice.filled);
+    }
   }
   __syncthreads();
   if ((threadIdx.x >> 5) == 0) {
@@ -346,14 +370,14 @@ struct Pivot {
 // under the pivot's high byte (one warp walks it) settles the pivot exactly. With no more than k,
 // pivot = -inf and an unbounded quota take exactly the valid columns. Every thread calls it with
 // block-uniform `candidates`; two barriers when it refines.
-template <int kElemsPerThread, int kSortItemsPerThread>
-__device__ __forceinline__ Pivot RefinePivot(RowShared<kSortItemsPerThread>& shared,
-                                             const RowSlice<kElemsPerThread>& slice, int length,
-                                             int k, int candidates) {
+template <typename Scores, int kElemsPerThread, typename Shared>
+__device__ __forceinline__ Pivot RefinePivot(Shared& shared,
+                                             const RowSlice<Scores, kElemsPerThread>& slice,
+                                             int length, int k, int candidates) {
   constexpr int kPairsPerThread = kElemsPerThread / 2;
   const int lane = threadIdx.x & 31;
   int* const low_histogram = shared.histograms.low;
-  uint32_t pivot = kFillBits;
+  uint32_t pivot = Scores::kNegInfBits;
   int quota = kMaxBf16Width;
   if (candidates > k) {
     // The fill again counted and taken back out when it shares the pivot's high byte.
@@ -371,8 +395,8 @@ __device__ __forceinline__ Pivot RefinePivot(RowShared<kSortItemsPerThread>& sha
         atomicAdd(&low_histogram[min(marked & 0xFFFFu, uint32_t{kSpillBin})], 1);
         atomicAdd(&low_histogram[min(marked >> 16, uint32_t{kSpillBin})], 1);
       }
-      if (slice.filled > 0 && high_bin == kFillHighByte) {
-        atomicSub(&low_histogram[kFillLowByte], slice.filled);
+      if (slice.filled > 0 && high_bin == Scores::kFillHighByte) {
+        atomicSub(&low_histogram[Scores::kFillLowByte], slice.filled);
       }
     }
     __syncthreads();
@@ -401,25 +425,27 @@ struct Taken {
 // Phase 4, select with the equal quota: (greater, equal) flags against the pivot, and one block
 // scan of their counts gives each thread its first output slot and its share of the equal quota
 // (the lowest columns first). Every thread calls it; one barrier.
-template <int kElemsPerThread, int kSortItemsPerThread>
-__device__ __forceinline__ Taken TakeWinners(RowShared<kSortItemsPerThread>& shared,
-                                             const RowSlice<kElemsPerThread>& slice,
+template <typename Scores, int kElemsPerThread, typename Shared>
+__device__ __forceinline__ Taken TakeWinners(Shared& shared,
+                                             const RowSlice<Scores, kElemsPerThread>& slice,
                                              const Pivot& pivot) {
+  using Pair = typename Scores::Pair;
   constexpr int kPairsPerThread = kElemsPerThread / 2;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  // bf16x2 compares are exact against any pivot that is neither zero nor subnormal (they treat
-  // -0 == +0, and a flushing compare would blur subnormals); for those rare pivots, compare
-  // ordered keys instead. Flags in pair layout.
+  // Packed compares (bf16x2 or half2; no NaN is left) are exact against any pivot that is neither
+  // zero nor subnormal (they treat -0 == +0, and a flushing compare would blur subnormals); for
+  // those rare pivots, compare ordered keys instead. Flags in pair layout.
   uint32_t greater_bits = 0;
   uint32_t equal_bits = 0;
-  if ((pivot.bits & 0x7F80u) != 0) {
-    const __nv_bfloat162 pivot_pair = AsBf16x2(pivot.bits * 0x00010001u);
+  if ((pivot.bits & Scores::kExponentBits) != 0) {
+    const Pair pivot_pair = AsPair<Pair>(pivot.bits * 0x00010001u);
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
       if (pair >= slice.active_pairs) break;
-      greater_bits |= __hgt2_mask(AsBf16x2(slice.pairs[pair]), pivot_pair) & (0x00010001u << pair);
-      equal_bits |= __heq2_mask(AsBf16x2(slice.pairs[pair]), pivot_pair) & (0x00010001u << pair);
+      const Pair values = AsPair<Pair>(slice.pairs[pair]);
+      greater_bits |= __hgt2_mask(values, pivot_pair) & (0x00010001u << pair);
+      equal_bits |= __heq2_mask(values, pivot_pair) & (0x00010001u << pair);
     }
   } else {
     const uint32_t pivot_key = OrderedKeyBf16(static_cast<uint16_t>(pivot.bits));
@@ -461,21 +487,23 @@ __device__ __forceinline__ Taken TakeWinners(RowShared<kSortItemsPerThread>& sha
 }
 
 // Phase 5, stage and store: the winners are staged in shared memory in ascending column order
-// (with their keys for sorted=true, which adds a stable block radix sort), then stored to the
-// row's k slots, page-transformed and coalesced, padded with kEmptySlot. Every thread calls it.
-template <int kElemsPerThread, int kSortItemsPerThread>
-__device__ __forceinline__ void StoreWinners(RowShared<kSortItemsPerThread>& shared,
-                                             const RowSlice<kElemsPerThread>& slice, Taken taken,
-                                             const TopkProblem& problem, int64_t row,
-                                             int32_t* row_out, int selected) {
-  constexpr bool kSorted = kSortItemsPerThread > 0;
+// (with their keys for sorted=true, which adds a stable block radix sort, and for the values),
+// then stored to the row's k slots, page-transformed and coalesced, padded with kEmptySlot; each
+// value (its key turned back into bits, so before the page transform) beside its index, -inf
+// beside kEmptySlot. Every thread calls it.
+template <typename Scores, int kElemsPerThread, typename Shared>
+__device__ __forceinline__ void StoreWinners(Shared& shared,
+                                             const RowSlice<Scores, kElemsPerThread>& slice,
+                                             Taken taken, const TopkProblem& problem, int64_t row,
+                                             int32_t* row_out, uint16_t* row_values, int selected) {
+  constexpr int kSortItemsPerThread = Shared::kSortItems;
   constexpr int kPairsPerThread = kElemsPerThread / 2;
   const int thread = threadIdx.x;
   const int k = problem.k;
   const int first_column = slice.first_column;
   uint32_t take_bits = taken.bits;
   int position = taken.position;
-  if constexpr (!kSorted) {
+  if constexpr (!Shared::kStagesKeys) {
     for (; take_bits != 0; take_bits &= take_bits - 1) {
       shared.staged.columns[position++] = first_column + __ffs(take_bits) - 1;
     }
@@ -501,11 +529,16 @@ __device__ __forceinline__ void StoreWinners(RowShared<kSortItemsPerThread>& sha
           ? problem.page_table +
                 TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages
           : nullptr;
-  if constexpr (!kSorted) {
+  if constexpr (!Shared::kSorted) {
     for (int slot = thread; slot < k; slot += kThreadsPerRow) {
-      row_out[slot] = slot < selected ? PageTransform(shared.staged.columns[slot], table_row,
-                                                      problem.log2_page_size)
-                                      : kEmptySlot;
+      const bool filled_slot = slot < selected;
+      row_out[slot] = filled_slot ? PageTransform(shared.staged.columns[slot], table_row,
+                                                  problem.log2_page_size)
+                                  : kEmptySlot;
+      if constexpr (Shared::kWithValues) {
+        row_values[slot] =
+            filled_slot ? BitsFromOrderedKeyBf16(shared.staged.keys[slot]) : Scores::kNegInfBits;
+      }
     }
   } else {
     // Blocked arrangement = staged (ascending column) order, and the radix sort is stable, so
@@ -526,52 +559,83 @@ __device__ __forceinline__ void StoreWinners(RowShared<kSortItemsPerThread>& sha
     for (int i = 0; i < kSortItemsPerThread; ++i) {
       const int slot = i * kThreadsPerRow + thread;
       if (slot < k) {
-        row_out[slot] = slot < selected
+        const bool filled_slot = slot < selected;
+        row_out[slot] = filled_slot
                             ? PageTransform(sort_columns[i], table_row, problem.log2_page_size)
                             : kEmptySlot;
+        if constexpr (Shared::kWithValues) {
+          row_values[slot] =
+              filled_slot ? BitsFromOrderedKeyBf16(sort_keys[i]) : Scores::kNegInfBits;
+        }
       }
     }
   }
 }
 
-// One row a block: the five phases above, in order.
-template <int kElemsPerThread, int kSortItemsPerThread>
+// One row a block: the five phases above, in order. kWithValues: problem.values is written (a
+// template flag, so the indices-only kernels keep their code and shared memory).
+template <typename Scores, int kElemsPerThread, int kSortItemsPerThread, bool kWithValues>
 __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerThread>())
     TopkBf16Kernel(const TopkProblem problem) {
-  __shared__ RowShared<kSortItemsPerThread> shared;
+  __shared__ RowShared<kSortItemsPerThread, kWithValues> shared;
   const int64_t row = blockIdx.x;
   const int k = problem.k;
   int32_t* row_out = problem.out + row * k;
+  uint16_t* row_values = kWithValues ? static_cast<uint16_t*>(problem.values) + row * k : nullptr;
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
-    for (int slot = threadIdx.x; slot < k; slot += kThreadsPerRow) row_out[slot] = kEmptySlot;
+    for (int slot = threadIdx.x; slot < k; slot += kThreadsPerRow) {
+      row_out[slot] = kEmptySlot;
+      if constexpr (kWithValues) row_values[slot] = Scores::kNegInfBits;
+    }
     return;
   }
   const int length =
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
                                                   : problem.width);
-  RowSlice<kElemsPerThread> slice;
+  RowSlice<Scores, kElemsPerThread> slice;
   LoadRow(shared, problem, row, length, slice);
   const int candidates = FindHighBin(shared, slice, length, k);
   const Pivot pivot = RefinePivot(shared, slice, length, k, candidates);
   const Taken taken = TakeWinners(shared, slice, pivot);
-  StoreWinners(shared, slice, taken, problem, row, row_out, candidates < k ? candidates : k);
+  StoreWinners(shared, slice, taken, problem, row, row_out, row_values,
+               candidates < k ? candidates : k);
 }
 
-template <int kElemsPerThread>
-cudaError_t LaunchForSliceSize(const TopkProblem& problem, cudaStream_t stream) {
+template <typename Scores, int kElemsPerThread, int kSortItemsPerThread>
+void LaunchKernel(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(problem.rows));
   const dim3 block(kThreadsPerRow);
+  if (problem.values != nullptr) {
+    TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, true>
+        <<<grid, block, 0, stream>>>(problem);
+  } else {
+    TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, false>
+        <<<grid, block, 0, stream>>>(problem);
+  }
+}
+
+// The sort's items per thread: none unsorted, else the fewest that hold k.
+template <typename Scores, int kElemsPerThread>
+cudaError_t LaunchForSliceSize(const TopkProblem& problem, cudaStream_t stream) {
   if (!problem.sorted) {
-    TopkBf16Kernel<kElemsPerThread, 0><<<grid, block, 0, stream>>>(problem);
+    LaunchKernel<Scores, kElemsPerThread, 0>(problem, stream);
   } else if (problem.k <= kThreadsPerRow) {
-    TopkBf16Kernel<kElemsPerThread, 1><<<grid, block, 0, stream>>>(problem);
+    LaunchKernel<Scores, kElemsPerThread, 1>(problem, stream);
   } else if (problem.k <= 2 * kThreadsPerRow) {
-    TopkBf16Kernel<kElemsPerThread, 2><<<grid, block, 0, stream>>>(problem);
+    LaunchKernel<Scores, kElemsPerThread, 2>(problem, stream);
   } else {
     static_assert(4 * kThreadsPerRow >= kMaxK, "the widest sort covers every k");
-    TopkBf16Kernel<kElemsPerThread, 4><<<grid, block, 0, stream>>>(problem);
+    LaunchKernel<Scores, kElemsPerThread, 4>(problem, stream);
   }
   return cudaGetLastError();
+}
+
+// The narrowest slice that covers the row: short rows hold fewer registers.
+template <typename Scores>
+cudaError_t LaunchForScores(const TopkProblem& problem, cudaStream_t stream) {
+  if (problem.width <= kThreadsPerRow * 8) return LaunchForSliceSize<Scores, 8>(problem, stream);
+  if (problem.width <= kThreadsPerRow * 16) return LaunchForSliceSize<Scores, 16>(problem, stream);
+  return LaunchForSliceSize<Scores, kMaxElemsPerThread>(problem, stream);
 }
 
 }  // namespace
@@ -583,10 +647,15 @@ cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream) {
       (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
     return cudaErrorInvalidValue;
   }
-  // The narrowest slice that covers the row: short rows hold fewer registers.
-  if (problem.width <= kThreadsPerRow * 8) return LaunchForSliceSize<8>(problem, stream);
-  if (problem.width <= kThreadsPerRow * 16) return LaunchForSliceSize<16>(problem, stream);
-  return LaunchForSliceSize<kMaxElemsPerThread>(problem, stream);
+  switch (problem.score_type) {
+    case ScoreType::kBfloat16:
+      return LaunchForScores<Bf16Scores>(problem, stream);
+    case ScoreType::kFloat16:
+      return LaunchForScores<F16Scores>(problem, stream);
+    case ScoreType::kFloat32:
+      break;
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace jax_topk

@@ -11,7 +11,7 @@
 
 namespace jax_topk {
 
-// topk_bf16: width <= kMaxBf16Width, scores are bf16 bits.
+// topk_bf16: width <= kMaxBf16Width, bfloat16 or float16 scores; writes `values` when not null.
 cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream);
 
 // topk_filtered: float32 scores of any width. `workspace` is a device buffer of
