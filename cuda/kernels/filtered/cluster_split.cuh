@@ -234,7 +234,8 @@ __device__ __forceinline__ void FinishSettledRow(SharedStorage& s, const Filtere
   const int m = static_cast<int>(s.cluster.own_above + s.cluster.members_mine);
   const int first_slot = static_cast<int>(s.cluster.above_before + s.cluster.members_before);
   const int span = end - begin;
-  const bool by_bitmap = span <= kBitmapColumns;
+  // The bitmap holds columns only: values come with the winners gathered in s.work.selected.
+  const bool by_bitmap = span <= kBitmapColumns && launch.problem.values == nullptr;
   if (by_bitmap) {
     MarkWinners(s, mine, wins, begin, span);
   } else {

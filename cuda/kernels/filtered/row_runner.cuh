@@ -59,9 +59,11 @@ __device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkPro
   __syncthreads();
 }
 
-// Whether the job's result is ordered through s.work.bitmap (else through s.work.selected).
+// Whether the job's result is ordered through s.work.bitmap (else through s.work.selected). The
+// bitmap holds columns only: a call that wants values takes s.work.selected, where each winner's
+// value bits sit next to its column.
 __device__ __forceinline__ bool OrdersByBitmap(const SharedStorage& s, const TopkProblem& problem) {
-  return !problem.sorted && s.job.length <= kBitmapColumns;
+  return !problem.sorted && problem.values == nullptr && s.job.length <= kBitmapColumns;
 }
 
 // How a row's candidates are found, in the order they are tried: the values the primary cutoff
