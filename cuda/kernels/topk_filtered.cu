@@ -1,17 +1,15 @@
-// topk_filtered: exact top-k of long float32, bfloat16 or float16 rows (docs/contract.md section
-// 2), with an optional values output. Per row (one header per phase in kernels/filtered/):
-//  1. Sample (sample.cuh): a regular 1/s sample of whole lines proposes a cutoff keeping
-//     ~k candidates (+ slack) and a deeper secondary.
-//  2. Filtering pass (filtering_pass.cuh): one read of the row, 16-byte loads at the row's own
-//     width (elements.cuh widens each value exactly to float32, which all phases after it work
-//     on) with a bulk L2 prefetch ahead, appends the values >= cutoff to shared memory, then a
-//     workspace slice.
-//  3. Selection (selection.cuh): bins relative to the cutoff find the k-th key's bin, one warp
-//     ranks its few members (else 11+11+10-bit radix digits); the tied columns give the quota.
-//  4. Winners (winners.cuh): a bitmap of the row's columns read in order, or a block radix sort
-//     that carries each winner's value (the values output is written with the index).
-//  5. Routes (row_runner.cuh): short of k, the secondary cutoff; still short, or more kept than
-//     fits, the exact route (radix passes over the row).
+// topk_filtered: exact top-k of long float32, bfloat16 or float16 rows, with an optional values
+// output (docs/contract.md section 2). Per row (one header per phase in kernels/filtered/):
+//  1. Sample (sample.cuh): a regular 1/s sample of whole lines proposes a cutoff keeping ~k
+//     candidates (+ slack) and a deeper secondary.
+//  2. Filtering pass (filtering_pass.cuh): one read of the row in 16-byte loads of its own type,
+//     each value widened exactly to float32 (elements.cuh: all later phases see float32 bits),
+//     with a bulk L2 prefetch ahead; keeps the values >= cutoff in shared memory, then a slice.
+//  3. Selection (selection.cuh): bins relative to the cutoff, one warp ranking the k-th key's few
+//     members (else 11+11+10-bit radix digits); the tied columns give the quota.
+//  4. Winners (winners.cuh): a bitmap read in column order, or a block radix sort carrying each
+//     winner's value, written with its index. Routes (row_runner.cuh): short of k, the secondary
+//     cutoff; still short, or more kept than fits, the exact route (radix passes over the row).
 // Modes (launch_plan.cuh picks): a queue of rows for a pool of workers (queue_worker.cuh), or a
 // thread block cluster per row whose blocks add up their histograms (cluster_split.cuh).
 // Traffic: the sample (<= 1/8 of the row) + one read. Limits: width < 2^31, k <= kMaxK.
