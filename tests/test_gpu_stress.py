@@ -4,6 +4,7 @@ every value family, on rows built to fool topk_filtered's sample, and across its
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -264,20 +265,26 @@ def test_filtered_16bit_long_constant_rows(dtype, n):
     np.testing.assert_array_equal(out[0], np.arange(2048))
 
 
+@functools.cache
+def _jitted_top_k(k, sorted_):
+    return jax.jit(lambda x, lens: jax_topk.top_k(x, k, lengths=lens, sorted=sorted_))
+
+
 def top_k_on(backend, operand, k, lengths, sorted_):
     device = device_for(backend)
-    fn = jax.jit(lambda x, lens: jax_topk.top_k(x, k, lengths=lens, sorted=sorted_))
-    out = fn(jax.device_put(operand, device), jax.device_put(lengths, device))
+    operand, lengths = jax.device_put(operand, device), jax.device_put(lengths, device)
+    out = _jitted_top_k(k, sorted_)(operand, lengths)
     return tuple(np.asarray(o) for o in out)
 
 
 @pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
-@pytest.mark.parametrize("rows", [2, 300])  # split rows, then a queue of whole rows
+@pytest.mark.parametrize("rows", [2, 100])  # split rows, then a queue of whole rows
 def test_filtered_values_match_cpu_bits(dtype, rows):
     """top_k's long rows run the filtered kernel: values (raw bits: -0, -inf in empty slots)
     and indices equal the CPU handler's, for every alignment, masked lengths and ties."""
     rng = np.random.default_rng(rows + len(dtype))
-    for n in (50_001, 50_003, 65_536, 200_006):
+    width = np.dtype(dtype).itemsize * 8
+    for n in (50_001, 50_003, 65_536) + ((200_006,) if rows == 2 else ()):
         for family in sorted(families.FAMILIES):
             operand = families.make(family, rng, (rows, n), dtype)
             lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
@@ -285,7 +292,6 @@ def test_filtered_values_match_cpu_bits(dtype, rows):
             for sorted_ in (False, True):
                 gpu = top_k_on("gpu", operand, 2048, lengths, sorted_)
                 cpu = top_k_on("cpu", operand, 2048, lengths, sorted_)
-                width = np.dtype(dtype).itemsize * 8
                 np.testing.assert_array_equal(gpu[1], cpu[1], err_msg=family)
                 np.testing.assert_array_equal(
                     gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"), err_msg=family
