@@ -116,11 +116,12 @@ def topk_filtered(
     num_valid_rows=None,
     sorted=False,
 ):
-    """Exact top-k of float32 rows of any length: int32 column indices [..., k].
+    """Exact top-k of float32, bfloat16 or float16 rows of any length: int32 column indices
+    [..., k].
 
-    The same contract as topk_bf16 (see its docstring) for float32 logits; on the GPU a
-    sample of each row proposes a boundary that one full pass validates, so long rows are
-    read about once.
+    The same contract as topk_bf16 (see its docstring) for logits of any of the three types
+    (16-bit rows are read at two bytes an element); on the GPU a sample of each row proposes a
+    boundary that one full pass validates, so long rows are read about once.
     """
     return topk(
         "topk_filtered",

@@ -52,11 +52,6 @@ def _select(operand, lengths, *, k: int, sorted: bool):
     chosen = route(operand.dtype, operand.shape[1], k)
     if chosen is Route.SORT:
         return _fallback.select_with_values(operand, lengths, k=k, sorted=sorted)
-    cast_to = None
-    if chosen is Route.FILTERED and operand.dtype != jnp.float32:
-        # The filtered kernel reads float32 rows; 16-bit rows widen exactly (the order and
-        # the bits of every value, NaN included, survive the round trip).
-        cast_to, operand = operand.dtype, operand.astype(jnp.float32)
     params = Params(
         op=chosen.value,
         k=k,
@@ -75,8 +70,6 @@ def _select(operand, lengths, *, k: int, sorted: bool):
         num_valid_rows=Operands.absent(1),
     )
     indices, values = PRIMITIVES[chosen.value].bind(*operands, params=params)
-    if cast_to is not None:
-        values = values.astype(cast_to)
     return values, indices
 
 

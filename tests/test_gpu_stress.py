@@ -4,16 +4,19 @@ every value family, on rows built to fool topk_filtered's sample, and across its
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
+import jax_topk
 from tests.support import families
-from tests.support.operators import gpu_devices, run_op
+from tests.support.operators import device_for, gpu_devices, run_op
 
 pytestmark = [
     pytest.mark.gpu,
@@ -221,3 +224,75 @@ def test_filtered_split_parts_past_the_bitmap():
     scores = rng.standard_normal((2, n)).astype(np.float32)
     scores[1] = np.round(scores[1] * 64) / 64
     assert_same_on_both("topk_filtered", scores, np.full(2, n, np.int32), k=2048)
+
+
+# 16-bit rows in topk_filtered: read at two bytes an element, so a row of width n starts at a
+# 16-byte boundary only when n % 8 == 0; the widths below cover every n % 8, with rows of the
+# single-block, split and exact routes, sample foolers and long runs of ties.
+SIXTEEN_BIT = ("bfloat16", "float16")
+
+
+def as_dtype(scores, dtype):
+    return np.ascontiguousarray(scores.astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT)
+@pytest.mark.parametrize("k", [1, 2048])
+@pytest.mark.parametrize("n", [40000 + r for r in range(8)] + [131072, 262147])
+def test_filtered_16bit_families_foolers_and_alignments(dtype, n, k):
+    rng = np.random.default_rng(n * 19 + k + len(dtype))
+    rows = 12 if n > 100_000 else 20
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (rows, n), dtype)
+        lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+        lengths[:3] = [n, k, k + 1]
+        for sorted_ in (False, True):
+            assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+    for make in (sample_foolers, one_coarse_bin):  # narrowed: foolers full of ties
+        scores = as_dtype(make(rng, rows, n), dtype)
+        lengths = np.full(rows, n, np.int32)
+        lengths[1::3] = rng.integers(0, n + 1, size=len(lengths[1::3]))
+        for sorted_ in (False, True):
+            assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT)
+@pytest.mark.parametrize("n", [300_001, 1_048_573])
+def test_filtered_16bit_long_constant_rows(dtype, n):
+    scores = np.full((3, n), 1.5, dtype)
+    lengths = np.array([n, n - 1, 5000], np.int32)
+    out = assert_same_on_both("topk_filtered", scores, lengths, k=2048)
+    np.testing.assert_array_equal(out[0], np.arange(2048))
+
+
+@functools.cache
+def _jitted_top_k(k, sorted_):
+    return jax.jit(lambda x, lens: jax_topk.top_k(x, k, lengths=lens, sorted=sorted_))
+
+
+def top_k_on(backend, operand, k, lengths, sorted_):
+    device = device_for(backend)
+    operand, lengths = jax.device_put(operand, device), jax.device_put(lengths, device)
+    out = _jitted_top_k(k, sorted_)(operand, lengths)
+    return tuple(np.asarray(o) for o in out)
+
+
+@pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
+@pytest.mark.parametrize("rows", [2, 100])  # split rows, then a queue of whole rows
+def test_filtered_values_match_cpu_bits(dtype, rows):
+    """top_k's long rows run the filtered kernel: values (raw bits: -0, -inf in empty slots)
+    and indices equal the CPU handler's, for every alignment, masked lengths and ties."""
+    rng = np.random.default_rng(rows + len(dtype))
+    width = np.dtype(dtype).itemsize * 8
+    for n in (50_001, 50_003, 65_536) + ((200_006,) if rows == 2 else ()):
+        for family in sorted(families.FAMILIES):
+            operand = families.make(family, rng, (rows, n), dtype)
+            lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+            lengths[:2] = [n, 1000]
+            for sorted_ in (False, True):
+                gpu = top_k_on("gpu", operand, 2048, lengths, sorted_)
+                cpu = top_k_on("cpu", operand, 2048, lengths, sorted_)
+                np.testing.assert_array_equal(gpu[1], cpu[1], err_msg=family)
+                np.testing.assert_array_equal(
+                    gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"), err_msg=family
+                )

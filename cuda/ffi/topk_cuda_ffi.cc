@@ -21,7 +21,7 @@ ffi::Error LaunchError(const char* op, cudaError_t status) {
                               " launch failed: " + cudaGetErrorString(status));
 }
 
-// What the register and filtering kernels cannot do yet (a values output, float16 rows):
+// What the register kernel cannot do yet (a values output, float16 rows):
 // refused here, so no caller gets unwritten values.
 ffi::Error RefuseUnsupported(const TopkTarget& target, const TopkProblem& problem) {
   if (problem.values != nullptr)
@@ -41,8 +41,6 @@ ffi::Error RunTopkSmallRows(cudaStream_t stream, const TopkProblem& problem) {
 
 ffi::Error RunTopkFiltered(cudaStream_t stream, const TopkProblem& problem,
                            ffi::Result<ffi::AnyBuffer> workspace) {
-  if (ffi::Error error = RefuseUnsupported(kTopkFilteredTarget, problem); error.failure())
-    return error;
   if (workspace->size_bytes() < kFilteredMinWorkspaceBytes)
     return InvalidTopkCall(kTopkFilteredTarget, "the workspace has ", workspace->size_bytes(),
                            " bytes, below the kernel's minimum of ", kFilteredMinWorkspaceBytes);

@@ -69,8 +69,8 @@ constexpr uint32_t kFastScoreTypes = ScoreTypeBit(ScoreType::kFloat32) | kSixtee
 inline constexpr TopkTarget kTopkBf16Target = {"jax_topk_bf16", kSixteenBitTypes, kMaxBf16Width,
                                                kMaxK};
 // The sampled filtering kernel: rows of any length.
-inline constexpr TopkTarget kTopkFilteredTarget = {
-    "jax_topk_filtered", ScoreTypeBit(ScoreType::kFloat32), kMaxWidth, kMaxK};
+inline constexpr TopkTarget kTopkFilteredTarget = {"jax_topk_filtered", kFastScoreTypes, kMaxWidth,
+                                                   kMaxK};
 // The small-row kernel: a warp a row (top_k's MoE-routing shapes).
 inline constexpr TopkTarget kTopkSmallRowsTarget = {"jax_topk_small_rows", kFastScoreTypes,
                                                     kSmallRowsMaxWidth, kSmallRowsMaxK};

@@ -14,9 +14,10 @@ namespace jax_topk {
 // topk_bf16: width <= kMaxBf16Width, bfloat16 or float16 scores; writes `values` when not null.
 cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream);
 
-// topk_filtered: float32 scores of any width. `workspace` is a device buffer of
-// `workspace_bytes` (an extra output of the custom call, contents undefined on entry);
-// the kernel adapts to its size, which must be at least kFilteredMinWorkspaceBytes.
+// topk_filtered: float32, bfloat16 or float16 scores of any width; values when asked.
+// `workspace` is a device buffer of `workspace_bytes` (an extra output of the custom call,
+// contents undefined on entry); the kernel adapts to its size, which must be at least
+// kFilteredMinWorkspaceBytes.
 constexpr size_t kFilteredMinWorkspaceBytes = kFilteredHeaderBytes;
 cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream);

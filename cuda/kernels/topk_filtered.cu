@@ -1,14 +1,15 @@
-// topk_filtered: exact top-k of long float32 rows (docs/contract.md section 2). Per row (one
-// header per phase in kernels/filtered/):
-//  1. Sample (sample.cuh): a regular 1/s sample of whole lines proposes a cutoff keeping
-//     ~k candidates (+ slack) and a deeper secondary.
-//  2. Filtering pass (filtering_pass.cuh): one read of the row, float4 loads with a bulk L2
-//     prefetch ahead, appends the values >= cutoff to shared memory, then a workspace slice.
-//  3. Selection (selection.cuh): bins relative to the cutoff find the k-th key's bin, one warp
-//     ranks its few members (else 11+11+10-bit radix digits); the tied columns give the quota.
-//  4. Winners (winners.cuh): a bitmap of the row's columns read in order, or a block radix sort.
-//  5. Routes (row_runner.cuh): short of k, the secondary cutoff; still short, or more kept than
-//     fits, the exact route (radix passes over the row).
+// topk_filtered: exact top-k of long float32, bfloat16 or float16 rows, with an optional values
+// output (docs/contract.md section 2). Per row (one header per phase in kernels/filtered/):
+//  1. Sample (sample.cuh): a regular 1/s sample of whole lines proposes a cutoff keeping ~k
+//     candidates (+ slack) and a deeper secondary.
+//  2. Filtering pass (filtering_pass.cuh): one read of the row in 16-byte loads of its own type,
+//     each value widened exactly to float32 (elements.cuh: all later phases see float32 bits),
+//     with a bulk L2 prefetch ahead; keeps the values >= cutoff in shared memory, then a slice.
+//  3. Selection (selection.cuh): bins relative to the cutoff, one warp ranking the k-th key's few
+//     members (else 11+11+10-bit radix digits); the tied columns give the quota.
+//  4. Winners (winners.cuh): a bitmap read in column order, or a block radix sort carrying each
+//     winner's value, written with its index. Routes (row_runner.cuh): short of k, the secondary
+//     cutoff; still short, or more kept than fits, the exact route (radix passes over the row).
 // Modes (launch_plan.cuh picks): a queue of rows for a pool of workers (queue_worker.cuh), or a
 // thread block cluster per row whose blocks add up their histograms (cluster_split.cuh).
 // Traffic: the sample (<= 1/8 of the row) + one read. Limits: width < 2^31, k <= kMaxK.
@@ -20,6 +21,7 @@
 #include "common/topk_filtered_workspace.h"
 #include "common/topk_problem.h"
 #include "kernels/filtered/cluster_split.cuh"
+#include "kernels/filtered/elements.cuh"
 #include "kernels/filtered/launch_plan.cuh"
 #include "kernels/filtered/layout.cuh"
 #include "kernels/filtered/queue_worker.cuh"
@@ -29,48 +31,44 @@
 namespace jax_topk {
 namespace {
 
-// One launch: split mode (kSplit) or a persistent pool of workers taking whole rows from the
-// queue in completion order.
-template <bool kSplit>
+// One launch over rows of kType: split mode (kSplit) or a persistent pool of workers taking
+// whole rows from the queue in completion order.
+template <bool kSplit, ScoreType kType>
 __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     TopkFilteredKernel(const FilteredLaunch launch) {
+  using Elements = RowElements<kType>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(shared_bytes);
   for (int bin = threadIdx.x; bin < kDigitBins; bin += kThreadsPerBlock) s.hist[bin] = 0;
   __syncthreads();
   if (kSplit) {
 #if JAX_TOPK_HAS_CLUSTERS
-    RunClusterPart(s, launch);
+    RunClusterPart<Elements>(s, launch);
 #endif
     return;
   }
-  RunQueueWorker(s, launch);
+  RunQueueWorker<Elements>(s, launch);
 }
 
-}  // namespace
-
-cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream) {
-  if (problem.rows <= 0) return cudaSuccess;
-  if (problem.k < 1 || problem.k > kMaxK || problem.width < 1 || problem.width > INT_MAX ||
-      problem.rows_per_group < 1 || problem.scores == nullptr || problem.out == nullptr ||
-      workspace == nullptr || workspace_bytes < kFilteredMinWorkspaceBytes) {
-    return cudaErrorInvalidValue;
-  }
+// The launch for rows of kType (checked by LaunchTopkFiltered).
+template <ScoreType kType>
+cudaError_t LaunchRowsOf(const TopkProblem& problem, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream) {
+  using Elements = RowElements<kType>;
+  constexpr auto split_kernel_of_type = TopkFilteredKernel<true, kType>;
+  constexpr auto queue_kernel_of_type = TopkFilteredKernel<false, kType>;
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
-  const void* const split_kernel = reinterpret_cast<const void*>(TopkFilteredKernel<true>);
+  const void* const split_kernel = reinterpret_cast<const void*>(split_kernel_of_type);
   const int sm_pool = kBlocksPerSm * SmCount(device);
   const int pool = sm_pool < kMaxPoolBlocks ? sm_pool : kMaxPoolBlocks;
   const size_t shared_bytes = sizeof(SharedStorage);
-  status =
-      cudaFuncSetAttribute(TopkFilteredKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared_bytes));
+  status = cudaFuncSetAttribute(queue_kernel_of_type, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(shared_bytes));
   if (status != cudaSuccess) return status;
-  status =
-      cudaFuncSetAttribute(TopkFilteredKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           SpreadSharedBytes(device));
+  status = cudaFuncSetAttribute(split_kernel_of_type, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                SpreadSharedBytes(device));
   if (status != cudaSuccess) return status;
 
   // Few rows: a cluster of blocks per row, if the workspace gives every part a useful slice (rows
@@ -79,12 +77,13 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   bool spread = false;
   if (problem.rows * 2 <= pool && problem.width > kSharedCandidates) {
     const int64_t useful_parts = FilteredUsefulParts(problem.width);
-    spread = problem.rows * problem.width * static_cast<int64_t>(sizeof(float)) <=
-             kSpreadBytesPerSm * SmCount(device);
-    int parts = spread ? SplitParts(split_kernel, device, problem.rows, useful_parts, true) : 1;
+    constexpr int64_t kElementBytes = sizeof(typename Elements::Storage);
+    spread = problem.rows * problem.width * kElementBytes <= kSpreadBytesPerSm * SmCount(device);
+    int parts =
+        spread ? SplitParts<Elements>(split_kernel, device, problem.rows, useful_parts, true) : 1;
     if (parts <= 1) {  // too many rows to spread them
       spread = false;
-      parts = SplitParts(split_kernel, device, problem.rows, useful_parts, false);
+      parts = SplitParts<Elements>(split_kernel, device, problem.rows, useful_parts, false);
     }
     if (parts > 1) {
       const WorkspacePlan split = PlanWorkspace(problem.rows, parts, pool, workspace_bytes);
@@ -103,7 +102,7 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
     cudaLaunchAttribute attribute;
     const cudaLaunchConfig_t config =
         ClusterConfig(plan.grid, plan.parts, SplitSharedBytes(device, spread), stream, attribute);
-    status = cudaLaunchKernelEx(&config, TopkFilteredKernel<true>, launch);
+    status = cudaLaunchKernelEx(&config, split_kernel_of_type, launch);
     return status != cudaSuccess ? status : cudaGetLastError();
   }
   // The one reset of the queue's counter. The workspace is an XLA output buffer whose contents
@@ -113,9 +112,30 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   // that holds (and costs one 8-byte write, captured in a CUDA graph like the launch).
   status = cudaMemsetAsync(workspace, 0, kCounterBytes, stream);
   if (status != cudaSuccess) return status;
-  TopkFilteredKernel<false>
-      <<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes, stream>>>(launch);
+  queue_kernel_of_type<<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes,
+                         stream>>>(launch);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  if (problem.rows <= 0) return cudaSuccess;
+  if (problem.k < 1 || problem.k > kMaxK || problem.width < 1 || problem.width > INT_MAX ||
+      problem.rows_per_group < 1 || problem.scores == nullptr || problem.out == nullptr ||
+      workspace == nullptr || workspace_bytes < kFilteredMinWorkspaceBytes) {
+    return cudaErrorInvalidValue;
+  }
+  switch (problem.score_type) {
+    case ScoreType::kFloat32:
+      return LaunchRowsOf<ScoreType::kFloat32>(problem, workspace, workspace_bytes, stream);
+    case ScoreType::kBfloat16:
+      return LaunchRowsOf<ScoreType::kBfloat16>(problem, workspace, workspace_bytes, stream);
+    case ScoreType::kFloat16:
+      return LaunchRowsOf<ScoreType::kFloat16>(problem, workspace, workspace_bytes, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace jax_topk

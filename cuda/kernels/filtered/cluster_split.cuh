@@ -234,7 +234,8 @@ __device__ __forceinline__ void FinishSettledRow(SharedStorage& s, const Filtere
   const int m = static_cast<int>(s.cluster.own_above + s.cluster.members_mine);
   const int first_slot = static_cast<int>(s.cluster.above_before + s.cluster.members_before);
   const int span = end - begin;
-  const bool by_bitmap = span <= kBitmapColumns;
+  // The bitmap holds columns only: values come with the winners gathered in s.work.selected.
+  const bool by_bitmap = span <= kBitmapColumns && launch.problem.values == nullptr;
   if (by_bitmap) {
     MarkWinners(s, mine, wins, begin, span);
   } else {
@@ -282,6 +283,7 @@ __device__ __forceinline__ void MergeIntoPartZero(SharedStorage& s,
 // One part of a row's cluster. Every branch around a cluster barrier is taken alike by all the
 // cluster's blocks: it depends only on the row, the sample (the same in every part) and tallies
 // over the whole cluster.
+template <class Elements>
 __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredLaunch& launch) {
   const cg::cluster_group cluster = cg::this_cluster();
   const int parts = static_cast<int>(cluster.num_blocks());
@@ -289,20 +291,21 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
   const TopkProblem& problem = launch.problem;
   StartJob(s, problem, blockIdx.x / parts);
   if (s.job.length <= kSharedCandidates) {  // masked, empty or short: no sample, one block
-    if (part == 0) RunRow(s, launch, kRankSlack, [] {});  // no sample: the cutoffs keep all
+    // No sample: the cutoffs keep all.
+    if (part == 0) RunRow<Elements>(s, launch, kRankSlack, [] {});
     return;
   }
   const int begin = PartBegin(s.job.length, part, parts);
   const int end = PartBegin(s.job.length, part + 1, parts);
-  SampleJobCutoffs(s, problem, kRankSlack, begin, end);  // the same cutoffs in every part
-  const float* row = JobScores(s, problem);
+  SampleJobCutoffs<Elements>(s, problem, kRankSlack, begin, end);  // the same cutoffs in every part
+  const typename Elements::Storage* row = JobScores<Elements>(s, problem);
   const CandidateSink sink{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
   Route route = Route::kPrimary;  // a band: kPrimary, then kSecondary
   uint32_t cutoff;
   bool short_of_k;
   for (;; route = Route::kSecondary) {
     cutoff = RouteCutoff(s.job, route);
-    const int kept = FilterColumns(s, row, begin, end, KeepThreshold(cutoff), sink);
+    const int kept = FilterColumns<Elements>(s, row, begin, end, KeepThreshold(cutoff), sink);
     if (threadIdx.x == 0) s.cluster.boundary_count = 0;
     if (threadIdx.x < kSuperBins)
       s.cluster.super_sum[threadIdx.x] = s.cluster.super_before[threadIdx.x] = 0;
@@ -350,7 +353,7 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
   if (merged) {
     m = SelectKept(s, sink, problem.k, cutoff, static_cast<int>(total), JobWinnersTo(s, problem));
   } else {
-    m = SelectJobRow(s, launch, s.cluster.overflow || short_of_k ? Route::kExact : route);
+    m = SelectJobRow<Elements>(s, launch, s.cluster.overflow || short_of_k ? Route::kExact : route);
   }
   WriteRow(s, problem, m);
 }

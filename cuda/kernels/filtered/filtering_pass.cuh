@@ -1,8 +1,9 @@
-// The filtering pass: the hot loop. One read of columns [begin, end) of a row (float4 loads,
-// the row pulled into L2 kPrefetchAhead columns ahead) appends every value >= a threshold to a
-// sink: s.candidates first, then this block's workspace slice, counted past the slice's end so
-// that the caller sees the overflow. Every thread tests its 16 values into a bit mask; only a
-// warp with a hit counts and appends, and only a thread's hits cost more.
+// The filtering pass: the hot loop. One read of columns [begin, end) of a row (16-byte loads of
+// its own element type, widened to float32; the row pulled into L2 kPrefetchAhead columns ahead)
+// appends every value >= a threshold to a sink: s.candidates first, then this block's workspace
+// slice, counted past the slice's end so that the caller sees the overflow. Every thread tests its
+// 16 values into a bit mask; only a warp with a hit counts and appends, and only a thread's hits
+// cost more.
 //
 // Contract: FilterColumns is called by every thread of the block with block-uniform arguments.
 // It owns s.kept (zeroed, then one atomic per warp) and writes s.candidates; a barrier opens it,
@@ -64,10 +65,11 @@ __device__ __forceinline__ float SelectItem(const float (&values)[kItems], int i
 }
 
 // Appends this warp's values >= threshold; item i of a thread is column
-// first_col + (i / 4) * kChunkStride + i % 4. One shared atomic per warp; then each thread
-// walks only its own hits (a bit mask), so a tile costs a compare per value plus a few
-// instructions per hit, and nothing past the vote when the warp has none.
-template <int kItems>
+// first_col + (i / kElems) * kStride + i % kElems (kElems elements a chunk, kStride apart). One
+// shared atomic per warp; then each thread walks only its own hits (a bit mask), so a tile costs a
+// compare per value plus a few instructions per hit, and nothing past the vote when the warp has
+// none.
+template <int kElems, int kStride, int kItems>
 __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
                                            const float (&values)[kItems], uint32_t first_col,
                                            float threshold) {
@@ -86,7 +88,7 @@ __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink
   const bool in_shared = warp_base + warp_total <= sink.shared_capacity;
   for (; hits != 0; hits &= hits - 1) {
     const int i = __ffs(hits) - 1;
-    const uint32_t col = first_col + (i / kChunkElems) * kChunkStride + i % kChunkElems;
+    const uint32_t col = first_col + (i / kElems) * kStride + i % kElems;
     const uint2 candidate = make_uint2(__float_as_uint(SelectItem(values, i)), col);
     if (in_shared) {
       s.candidates[position++] = candidate;
@@ -97,43 +99,47 @@ __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink
 }
 
 // One tile of kFilterTile columns from `tile` (16-byte aligned), bounded by `end` if kBounded.
-template <bool kBounded>
-__device__ __forceinline__ void FilterTile(SharedStorage& s, const float* row, int tile, int end,
-                                           float threshold, const CandidateSink& sink) {
-  const uint32_t first = tile + kChunkElems * threadIdx.x;  // no wrap: tile < 2^31
-  const float* at = row + first;
-  float values[kFilterChunks * kChunkElems];
+template <class Elements, bool kBounded>
+__device__ __forceinline__ void FilterTile(SharedStorage& s, const typename Elements::Storage* row,
+                                           int tile, int end, float threshold,
+                                           const CandidateSink& sink) {
+  constexpr int kElems = kChunkElems<Elements>;
+  constexpr int kStride = kChunkStride<Elements>;
+  const uint32_t first = tile + kElems * threadIdx.x;  // no wrap: tile < 2^31
+  const typename Elements::Storage* at = row + first;
+  float values[kFilterItems];
 #pragma unroll
-  for (int c = 0; c < kFilterChunks; ++c) {
-    const float4 chunk =
-        LoadChunk<kBounded>(at + kChunkStride * c, int64_t{end} - first - kChunkStride * c);
-    values[kChunkElems * c + 0] = chunk.x;
-    values[kChunkElems * c + 1] = chunk.y;
-    values[kChunkElems * c + 2] = chunk.z;
-    values[kChunkElems * c + 3] = chunk.w;
+  for (int c = 0; c < kFilterChunks<Elements>; ++c) {
+    LoadChunk<Elements, kBounded>(at + kStride * c, int64_t{end} - first - kStride * c,
+                                  values + kElems * c);
   }
-  AppendHits(s, sink, values, first, threshold);
+  AppendHits<kElems, kStride>(s, sink, values, first, threshold);
 }
 
 // Appends every non-NaN value >= threshold of columns [begin, end) to the sink, in no particular
 // order; returns how many (also past the sink's capacity: the caller detects overflow from it).
-__device__ __forceinline__ int FilterColumns(SharedStorage& s, const float* row, int begin, int end,
-                                             float threshold, const CandidateSink& sink) {
+// The NaN test is the float32 one (value >= threshold is false for NaN): widening maps the row
+// type's NaN, and only it, to a float32 NaN.
+template <class Elements>
+__device__ __forceinline__ int FilterColumns(SharedStorage& s,
+                                             const typename Elements::Storage* row, int begin,
+                                             int end, float threshold, const CandidateSink& sink) {
   if (threadIdx.x == 0) s.kept = 0;
   __syncthreads();
   const int aligned = AlignedColumn(row, begin, end);
   if (aligned > begin && threadIdx.x < kWarpSize) {  // the scalar head, one column per lane
     const int offset = static_cast<int>(threadIdx.x);
-    const float head[1] = {offset < aligned - begin ? __ldcs(row + begin + offset)
-                                                    : __uint_as_float(kNanBits)};
-    AppendHits(s, sink, head, static_cast<uint32_t>(begin) + offset, threshold);
+    const float head[1] = {offset < aligned - begin
+                               ? WidenedValue<Elements>(__ldcs(row + begin + offset))
+                               : __uint_as_float(kNanBits)};
+    AppendHits<1, 1>(s, sink, head, static_cast<uint32_t>(begin) + offset, threshold);
   }
   int tile = aligned;
   for (; end - tile >= kFilterTile; tile += kFilterTile) {
     PrefetchToL2(row, int64_t{tile} + kPrefetchAhead, end, kFilterTile);
-    FilterTile<false>(s, row, tile, end, threshold, sink);
+    FilterTile<Elements, false>(s, row, tile, end, threshold, sink);
   }
-  if (tile < end) FilterTile<true>(s, row, tile, end, threshold, sink);
+  if (tile < end) FilterTile<Elements, true>(s, row, tile, end, threshold, sink);
   __syncthreads();
   const int kept = s.kept;
   __syncthreads();  // a retry resets s.kept

@@ -3,7 +3,9 @@
 // how the workspace divides into per-block slices. Device queries are cached per device.
 //
 // Contract: host code only, called by LaunchTopkFiltered on the launching thread; nothing here
-// launches, synchronises or allocates. The split kernel is passed in as `split_kernel`.
+// launches, synchronises or allocates. The split kernel is passed in as `split_kernel`; the
+// queries about it are cached per kernel (one per element type: the template argument Elements
+// names it) and per device.
 #pragma once
 
 #include "kernels/filtered/layout.cuh"
@@ -110,6 +112,7 @@ int SplitSharedBytes(int device, bool spread) {
 }
 
 // How many clusters of `parts` blocks the device holds at once (cached; 0: none).
+template <class Elements>
 int ResidentClusters(const void* split_kernel, int device, int parts, bool spread) {
   static int cache[2][kMaxClusterParts + 1][kMaxCachedDevices] = {};
   return CachedPerDevice(cache[spread][parts], device, [&] {
@@ -127,6 +130,8 @@ int ResidentClusters(const void* split_kernel, int device, int parts, bool sprea
 
 // The most parts a split row may have on `device`: 1 (no split mode) before sm_90, whose thread
 // block clusters it needs; the portable cluster size where the non-portable one is refused.
+// Per kernel: the non-portable size is a kernel's own attribute.
+template <class Elements>
 int MaxSplitParts(const void* split_kernel, int device) {
   static int cache[kMaxCachedDevices] = {};
   return CachedPerDevice(cache, device, [&] {
@@ -146,12 +151,13 @@ int MaxSplitParts(const void* split_kernel, int device) {
 
 // Split mode's parts a row: the most, up to the row's useful parts, whose clusters for all the
 // rows are resident at once (a second wave would double the launch); 1: none (queue mode).
+template <class Elements>
 int SplitParts(const void* split_kernel, int device, int64_t rows, int64_t useful_parts,
                bool spread) {
-  const int limit = MaxSplitParts(split_kernel, device);
+  const int limit = MaxSplitParts<Elements>(split_kernel, device);
   const int most = static_cast<int>(useful_parts < limit ? useful_parts : limit);
   for (int parts = most; parts > 1; --parts) {
-    if (ResidentClusters(split_kernel, device, parts, spread) >= rows) return parts;
+    if (ResidentClusters<Elements>(split_kernel, device, parts, spread) >= rows) return parts;
   }
   return 1;
 }

@@ -30,16 +30,16 @@ constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kBlocksPerSm = 2;
 
-// Rows are read in 16-byte chunks; chunk c of thread t in a tile starts at column
-// 4 * (t + kThreadsPerBlock * c), so each warp load covers 512 contiguous bytes. A thread keeps
-// kFilterChunks (filtering pass) or kScanChunks (exact route) chunks in flight: more would spill
-// at 64 registers; the filtering pass adds L2 prefetches (kPrefetchAhead) for memory parallelism.
-constexpr int kChunkElems = 4;
-constexpr int kChunkStride = kChunkElems * kThreadsPerBlock;
-constexpr int kFilterChunks = 4;
-constexpr int kFilterTile = kFilterChunks * kChunkStride;
-constexpr int kScanChunks = 4;
-constexpr int kScanTile = kScanChunks * kChunkStride;
+// Rows are read in 16-byte chunks of e elements (4 float32 or 8 16-bit: elements.cuh); chunk c
+// of thread t in a tile starts at column e * (t + kThreadsPerBlock * c), so each warp load covers
+// 512 contiguous bytes. A thread keeps kFilterItems (filtering pass) or kScanItems (exact route)
+// values of a tile in flight, whatever their width: more would spill at 64 registers; the
+// filtering pass adds L2 prefetches (kPrefetchAhead) for memory parallelism. A tile is the same
+// number of columns for every element type.
+constexpr int kFilterItems = 16;
+constexpr int kFilterTile = kFilterItems * kThreadsPerBlock;
+constexpr int kScanItems = 16;
+constexpr int kScanTile = kScanItems * kThreadsPerBlock;
 
 // Kept candidates in shared memory (then the workspace slice), and the radix-select survivors.
 constexpr int kSharedCandidates = 8192;
@@ -74,9 +74,10 @@ constexpr int kSecondaryFactor = 2;
 
 // The filtering pass pulls the row into L2 kPrefetchAhead columns ahead of its loads: memory
 // parallelism that costs no registers. The first of them are pulled while the sample is taken.
-constexpr int kPrefetchLineElems = 32;  // 128-byte lines
+constexpr int kPrefetchLineBytes = 128;
 constexpr int kPrefetchAhead = 2 * kFilterTile;
-static_assert(kPrefetchAhead <= kPrefetchLineElems * kThreadsPerBlock, "one line per thread");
+static_assert(kPrefetchAhead * sizeof(float) <= kPrefetchLineBytes * kThreadsPerBlock,
+              "one line per thread, for the widest element");
 
 // Unsorted results of rows up to kBitmapColumns are put in column order through a bitmap of the
 // row (one bit per column, up to kBitmapWordsPerThread words per thread). Measured

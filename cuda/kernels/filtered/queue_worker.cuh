@@ -13,6 +13,7 @@ namespace {
 
 // One worker. Thread 0 claims each row one row ahead of its start (index and length in
 // registers), so that starting a row costs no round trip to the queue and the lengths.
+template <class Elements>
 __device__ __forceinline__ void RunQueueWorker(SharedStorage& s, const FilteredLaunch& launch) {
   const unsigned long long rows = static_cast<unsigned long long>(launch.problem.rows);
   unsigned long long claimed = 0;
@@ -30,7 +31,7 @@ __device__ __forceinline__ void RunQueueWorker(SharedStorage& s, const FilteredL
     if (s.queue.next_row >= rows) break;  // rewritten only after the row's barriers
     if (threadIdx.x == 0) claimed = atomicAdd(launch.queue_next, 1ull);
     // The claim's latency hides behind the row's pass; its length is read once it has returned.
-    RunRow(s, launch, kWholeRowRankSlack, [&] {
+    RunRow<Elements>(s, launch, kWholeRowRankSlack, [&] {
       if (threadIdx.x != 0) return;
       const bool real = claimed < static_cast<unsigned long long>(launch.problem.rows);
       claimed_length = real ? RowLength(launch.problem, static_cast<int64_t>(claimed)) : -1;

@@ -44,24 +44,28 @@ __device__ __forceinline__ void PublishJob(SharedStorage& s, int64_t row, int le
   s.sample_largest = 0;
 }
 
-// The job's row of scores.
-__device__ __forceinline__ const float* JobScores(const SharedStorage& s,
-                                                  const TopkProblem& problem) {
-  return static_cast<const float*>(problem.scores) + s.job.row * problem.width;
+// The job's row of scores, elements of Elements::Storage.
+template <class Elements>
+__device__ __forceinline__ const typename Elements::Storage* JobScores(const SharedStorage& s,
+                                                                       const TopkProblem& problem) {
+  return static_cast<const typename Elements::Storage*>(problem.scores) + s.job.row * problem.width;
 }
 
 // The job's cutoffs; also pulls the start of columns [begin, end) into L2.
+template <class Elements>
 __device__ __forceinline__ void SampleJobCutoffs(SharedStorage& s, const TopkProblem& problem,
                                                  int rank_slack, int begin, int end) {
-  const Cutoffs cutoffs = SampleCutoffs(s, JobScores(s, problem), s.job.length, s.job.row,
-                                        problem.k, rank_slack, begin, end);
+  const Cutoffs cutoffs = SampleCutoffs<Elements>(s, JobScores<Elements>(s, problem), s.job.length,
+                                                  s.job.row, problem.k, rank_slack, begin, end);
   if (threadIdx.x == 0) s.job.cutoffs = cutoffs;
   __syncthreads();
 }
 
-// Whether the job's result is ordered through s.work.bitmap (else through s.work.selected).
+// Whether the job's result is ordered through s.work.bitmap (else through s.work.selected). The
+// bitmap holds columns only: a call that wants values takes s.work.selected, where each winner's
+// value bits sit next to its column.
 __device__ __forceinline__ bool OrdersByBitmap(const SharedStorage& s, const TopkProblem& problem) {
-  return !problem.sorted && s.job.length <= kBitmapColumns;
+  return !problem.sorted && problem.values == nullptr && s.job.length <= kBitmapColumns;
 }
 
 // How a row's candidates are found, in the order they are tried: the values the primary cutoff
@@ -97,21 +101,22 @@ __device__ __forceinline__ int SelectKept(SharedStorage& s, const CandidateSink&
 
 // Selects the job's row (see selection.cuh) by the routes from `route` on: each band filters the
 // row into shared memory, then the slice, and is taken when it holds k (or keeps everything).
+template <class Elements>
 __device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaunch& launch,
                                             Route route) {
   const int k = launch.problem.k;
-  const float* row = JobScores(s, launch.problem);
+  const typename Elements::Storage* row = JobScores<Elements>(s, launch.problem);
   const CandidateSink keep{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
   const WinnersTo to = JobWinnersTo(s, launch.problem);
   for (; route < Route::kExact; route = NextRoute(route)) {
     const uint32_t cutoff = RouteCutoff(s.job, route);
     if (route == Route::kSecondary && cutoff == s.job.cutoffs.primary)
       break;  // same band: known short
-    const int kept = FilterColumns(s, row, 0, s.job.length, KeepThreshold(cutoff), keep);
+    const int kept = FilterColumns<Elements>(s, row, 0, s.job.length, KeepThreshold(cutoff), keep);
     if (kept > keep.Capacity()) break;  // overflow: the exact route re-reads the row
     if (kept >= k || KeepsAll(cutoff)) return SelectKept(s, keep, k, cutoff, kept, to);
   }
-  const RowSource whole_row{row, 0, s.job.length};
+  const RowSource<Elements> whole_row{row, 0, s.job.length};
   const Selection selection = SelectRow(s, whole_row, k);
   return PutWinners(s, whole_row, selection, to, s.job.length);
 }
@@ -125,14 +130,14 @@ __device__ __forceinline__ void WriteRow(SharedStorage& s, const TopkProblem& pr
 // in the parameters: the sample's rank slack (a split launch's short rows and a queue worker's
 // rows take different ones: layout.cuh), and while_sampled(), which runs after the sample (and
 // for an empty row) so that work of the caller's (the queue's next claim) hides behind the pass.
-template <class WhileSampled>
+template <class Elements, class WhileSampled>
 __device__ __forceinline__ void RunRow(SharedStorage& s, const FilteredLaunch& launch,
                                        int rank_slack, const WhileSampled& while_sampled) {
   int m = 0;
   if (s.job.length > 0) {
-    SampleJobCutoffs(s, launch.problem, rank_slack, 0, s.job.length);
+    SampleJobCutoffs<Elements>(s, launch.problem, rank_slack, 0, s.job.length);
     while_sampled();
-    m = SelectJobRow(s, launch, Route::kPrimary);
+    m = SelectJobRow<Elements>(s, launch, Route::kPrimary);
   } else {
     while_sampled();
   }

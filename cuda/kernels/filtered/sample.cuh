@@ -1,5 +1,5 @@
 // The sample: cutoffs that keep about kRetention * k candidates of a row. A regular 1/s sample of
-// whole 128-byte lines (s >= kMinSampleStride, the phase depending on the row so that
+// whole lines of 32 elements (s >= kMinSampleStride, the phase depending on the row so that
 // consecutive rows read different lines), two histograms of its keys, and the sampled ranks
 // that leave ~k (primary, 22 bits) and ~2k + slack (secondary, 11 bits) row items above them.
 //
@@ -15,8 +15,11 @@ namespace jax_topk {
 namespace {
 
 // This thread's share of a regular sample of whole lines; `positions` gets the sampled count.
-__device__ __forceinline__ SampleSource LoadSample(const float* row, int length, int64_t row_index,
-                                                   int& positions) {
+// A line is kSampleLineElems elements of any width (a 128-byte line of float32, half of one
+// of a 16-bit row).
+template <class Elements>
+__device__ __forceinline__ SampleSource LoadSample(const typename Elements::Storage* row,
+                                                   int length, int64_t row_index, int& positions) {
   const int lines = length / kSampleLineElems + (length % kSampleLineElems != 0);
   const int wanted_stride = lines / kSampleLines + (lines % kSampleLines != 0);
   const int stride = wanted_stride > kMinSampleStride ? wanted_stride : kMinSampleStride;
@@ -31,8 +34,9 @@ __device__ __forceinline__ SampleSource LoadSample(const float* row, int length,
     const int line = warp + kWarpsPerBlock * j;
     // line * stride < lines.
     const int64_t col = int64_t{phase + line * stride} * kSampleLineElems + lane;
-    sample.values[j] =
-        line < sampled_lines && col < length ? __ldg(row + col) : __uint_as_float(kNanBits);
+    sample.values[j] = line < sampled_lines && col < length
+                           ? WidenedValue<Elements>(__ldg(row + col))
+                           : __uint_as_float(kNanBits);
   }
   positions = sampled_lines * kSampleLineElems;
   return sample;
@@ -41,7 +45,9 @@ __device__ __forceinline__ SampleSource LoadSample(const float* row, int length,
 // Also pulls columns [prefetch_begin, prefetch_end) (up to kPrefetchAhead of them) into L2, behind
 // the sample's loads so that these are not queued after the prefetches, and records the sample's
 // largest key in s.sample_largest (zeroed when the job started).
-__device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* row, int length,
+template <class Elements>
+__device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s,
+                                                 const typename Elements::Storage* row, int length,
                                                  int64_t row_index, int k, int rank_slack,
                                                  int prefetch_begin, int prefetch_end) {
   if (length <= kSharedCandidates) {  // short rows are kept whole
@@ -49,7 +55,7 @@ __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s, const float* 
     return {0, 0};
   }
   int positions = 0;
-  const SampleSource sample = LoadSample(row, length, row_index, positions);
+  const SampleSource sample = LoadSample<Elements>(row, length, row_index, positions);
   PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead);
   uint32_t largest = 0;
 #pragma unroll

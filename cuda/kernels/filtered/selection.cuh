@@ -442,7 +442,9 @@ __device__ __forceinline__ Selection SelectCandidates(SharedStorage& s,
 }
 
 // The exact top-k of a row read from global memory (the exact route).
-__device__ __forceinline__ Selection SelectRow(SharedStorage& s, const RowSource& row, int k) {
+template <class Elements>
+__device__ __forceinline__ Selection SelectRow(SharedStorage& s, const RowSource<Elements>& row,
+                                               int k) {
   return SettleTies(s, row, k, FindRankValue(s, row, KeyOfValue{}, k));
 }
 

@@ -8,6 +8,7 @@
 // No barriers, no shared memory of their own: a source only reads.
 #pragma once
 
+#include "kernels/filtered/elements.cuh"
 #include "kernels/filtered/layout.cuh"
 
 namespace jax_topk {
@@ -16,29 +17,50 @@ namespace {
 constexpr uint32_t kNanBits = 0x7FFFFFFFu;  // stands for a missing value: never selected
 
 // The first column of [begin, end) at a 16-byte boundary (or end): the scalar head ends there.
-__device__ __forceinline__ int AlignedColumn(const float* row, int begin, int end) {
+// A row of width n starts at element r * n, so its alignment depends on n mod the chunk's elements.
+template <class Storage>
+__device__ __forceinline__ int AlignedColumn(const Storage* row, int begin, int end) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(row + begin);
-  const int head = static_cast<int>(((16 - (address & 15)) & 15) / sizeof(float));
+  const int head = static_cast<int>(((16 - (address & 15)) & 15) / sizeof(Storage));
   return end - begin > head ? begin + head : end;
 }
 
-// The 4 floats at a 16-byte aligned address; with kBounded, those past the `available` ones
-// read as NaN.
-template <bool kBounded>
-__device__ __forceinline__ float4 LoadChunk(const float* at, int64_t available) {
-  if (!kBounded || available >= kChunkElems) return __ldcs(reinterpret_cast<const float4*>(at));
-  const float missing = __uint_as_float(kNanBits);
-  float4 v = make_float4(missing, missing, missing, missing);
-  if (available > 0) v.x = __ldcs(at + 0);
-  if (available > 1) v.y = __ldcs(at + 1);
-  if (available > 2) v.z = __ldcs(at + 2);
-  return v;
+// The widened values of the kChunkElems elements at a 16-byte aligned address, into
+// values[0, kChunkElems); with kBounded, those past the `available` ones read as NaN.
+template <class Elements, bool kBounded>
+__device__ __forceinline__ void LoadChunk(const typename Elements::Storage* at, int64_t available,
+                                          float* values) {
+  constexpr int kElems = kChunkElems<Elements>;
+  if constexpr (kBounded) {
+    if (available < kElems) {
+#pragma unroll
+      for (int e = 0; e < kElems - 1; ++e) {  // the last one is missing
+        values[e] =
+            e < available ? WidenedValue<Elements>(__ldcs(at + e)) : __uint_as_float(kNanBits);
+      }
+      values[kElems - 1] = __uint_as_float(kNanBits);
+      return;
+    }
+  }
+  const uint4 chunk = __ldcs(reinterpret_cast<const uint4*>(at));
+  const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    if constexpr (kElems == 4) {
+      values[w] = __uint_as_float(words[w]);
+    } else {  // two 16-bit elements a word, the lower column in the low half
+      values[2 * w] = WidenedValue<Elements>(static_cast<unsigned short>(words[w] & 0xFFFFu));
+      values[2 * w + 1] = WidenedValue<Elements>(static_cast<unsigned short>(words[w] >> 16));
+    }
+  }
 }
 
 // Pulls `columns` columns of the row from `from` on (none past `end`) into L2. On sm_90 one
 // thread asks the copy engine for the whole range (the 16-byte-aligned inside of it: the load
-// units then see no prefetch traffic); before that, a line a thread.
-__device__ __forceinline__ void PrefetchToL2(const float* row, int64_t from, int end, int columns) {
+// units then see no prefetch traffic); before that, a 128-byte line a thread.
+template <class Storage>
+__device__ __forceinline__ void PrefetchToL2(const Storage* row, int64_t from, int end,
+                                             int columns) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x != 0 || from >= end) return;
   const int64_t to = from + columns < end ? from + columns : end;
@@ -50,7 +72,8 @@ __device__ __forceinline__ void PrefetchToL2(const float* row, int64_t from, int
                  : "memory");
   }
 #else
-  const int offset = kPrefetchLineElems * static_cast<int>(threadIdx.x);
+  constexpr int kLineElems = kPrefetchLineBytes / static_cast<int>(sizeof(Storage));
+  const int offset = kLineElems * static_cast<int>(threadIdx.x);
   if (offset < columns && from + offset < end)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(row + from + offset));
 #endif
@@ -63,37 +86,41 @@ __device__ __forceinline__ void PrefetchToL2(const float* row, int64_t from, int
 // equal digits once, instead of serialising on one shared-memory address).
 
 // Columns [begin, end) of a row in global memory: a scalar head up to a 16-byte boundary, then
-// tiles of float4 loads. NaN items are invalid.
+// tiles of 16-byte loads, each value widened to float32 (elements.cuh). NaN items are invalid:
+// the float32 NaN test is the row type's own, since widening maps NaN to NaN and nothing else.
+template <class Elements>
 struct RowSource {
   static constexpr bool kRepeats = true;
-  const float* row;
+  const typename Elements::Storage* row;
   int begin;
   int end;
 
   template <class Visit>
   __device__ __forceinline__ void ForEach(Visit&& visit) const {
+    constexpr int kElems = kChunkElems<Elements>;
+    constexpr int kStride = kChunkStride<Elements>;
+    constexpr int kChunks = kScanChunks<Elements>;
     const int aligned = AlignedColumn(row, begin, end);
     if (aligned > begin) {
       const bool inside = static_cast<int>(threadIdx.x) < aligned - begin;
       const int col = begin + (inside ? static_cast<int>(threadIdx.x) : 0);
-      const uint32_t bits = inside ? __float_as_uint(__ldcs(row + col)) : kNanBits;
+      const uint32_t bits = inside ? Elements::Widen(__ldcs(row + col)) : kNanBits;
       visit(bits, col, !IsNanF32(bits));
     }
     for (int base = aligned; base<end; base += end - base> kScanTile ? kScanTile : end - base) {
-      const uint32_t first = base + kChunkElems * threadIdx.x;  // no wrap: base < 2^31
-      float4 chunks[kScanChunks];
+      const uint32_t first = base + kElems * threadIdx.x;  // no wrap: base < 2^31
+      float values[kScanItems];
 #pragma unroll
-      for (int c = 0; c < kScanChunks; ++c) {  // all loads first, for memory-level parallelism
-        chunks[c] = LoadChunk<true>(row + first + kChunkStride * c,
-                                    int64_t{end} - first - kChunkStride * c);
+      for (int c = 0; c < kChunks; ++c) {  // all loads first, for memory-level parallelism
+        LoadChunk<Elements, true>(row + first + kStride * c, int64_t{end} - first - kStride * c,
+                                  values + kElems * c);
       }
 #pragma unroll
-      for (int c = 0; c < kScanChunks; ++c) {
-        const float values[kChunkElems] = {chunks[c].x, chunks[c].y, chunks[c].z, chunks[c].w};
+      for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-        for (int e = 0; e < kChunkElems; ++e) {
-          const uint32_t bits = __float_as_uint(values[e]);
-          visit(bits, static_cast<int32_t>(first + kChunkStride * c + e), !IsNanF32(bits));
+        for (int e = 0; e < kElems; ++e) {
+          const uint32_t bits = __float_as_uint(values[kElems * c + e]);
+          visit(bits, static_cast<int32_t>(first + kStride * c + e), !IsNanF32(bits));
         }
       }
     }

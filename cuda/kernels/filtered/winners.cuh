@@ -9,6 +9,8 @@
 // s.work (as the sort's storage) and ends with a barrier, after which both are free again.
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include "kernels/filtered/layout.cuh"
 #include "kernels/topk_scan.cuh"
 
@@ -58,15 +60,37 @@ __device__ __forceinline__ void OrderBitmap(SharedStorage& s, int words, int wor
   __syncthreads();
 }
 
+// Writes value bits (float32 bits of a row's element: -inf for an empty slot) to values slot
+// `index` in the scores' type: the exact inverse of the widening the loaders apply (sources.cuh),
+// so a 16-bit row's value comes back bit for bit (float32 -inf narrows to the 16-bit -inf).
+__device__ __forceinline__ void WriteValue(const TopkProblem& problem, int64_t index,
+                                           uint32_t bits) {
+  switch (problem.score_type) {
+    case ScoreType::kFloat32:
+      static_cast<uint32_t*>(problem.values)[index] = bits;
+      break;
+    case ScoreType::kBfloat16:
+      static_cast<uint16_t*>(problem.values)[index] = static_cast<uint16_t>(bits >> 16);
+      break;
+    case ScoreType::kFloat16:
+      static_cast<__half*>(problem.values)[index] = __float2half_rn(__uint_as_float(bits));
+      break;
+  }
+}
+
 // Writes m winners to out slots [first_slot, first_slot + m) and, with pad, kEmptySlot to the
 // slots after them up to k: ascending, or by key descending then column ascending when sorted;
 // page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
-// [base, base + span); else they are in s.work.selected.
+// [base, base + span); else they are in s.work.selected. With problem.values, each winner's value
+// goes to the same slot of the values (-inf in kEmptySlot slots); the bitmap holds no values, so
+// such calls never order by bitmap (OrdersByBitmap).
 __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem& problem, int m,
                                              int first_slot, int base, int span, bool by_bitmap,
                                              bool pad) {
   const int slots = pad ? problem.k - first_slot : m;
-  int32_t* out = problem.out + s.job.row * problem.k + first_slot;
+  const int64_t out_offset = s.job.row * problem.k + first_slot;
+  int32_t* out = problem.out + out_offset;
+  const bool with_values = problem.values != nullptr;  // uniform; never with by_bitmap
   const int32_t* page_row = nullptr;
   if (problem.page_table != nullptr && m > 0) {
     page_row = problem.page_table +
@@ -110,6 +134,8 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
                 column_bits);  // then a stable sort by key keeps ties in column order
       __syncthreads();
       sort.SortDescendingBlockedToStriped(keys, cols, 0, 32);
+    } else if (with_values) {  // the keys ride along as the sort's values
+      RankSort(s.work.rank_sort).SortBlockedToStriped(cols, keys, 0, column_bits);
     } else {
       ColumnSort(s.work.column_sort).SortBlockedToStriped(cols, 0, column_bits);
     }
@@ -118,6 +144,10 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
   for (int j = 0; j < kSortItemsPerThread; ++j) {
     const int slot = threadIdx.x + kThreadsPerBlock * j;
     if (slot < slots) {
+      if (with_values) {
+        WriteValue(problem, out_offset + slot,
+                   slot < m ? BitsFromOrderedKeyF32(keys[j]) : kNegInfF32Bits);
+      }
       out[slot] =
           slot < m ? PageTransform(static_cast<int32_t>(cols[j]), page_row, problem.log2_page_size)
                    : kEmptySlot;

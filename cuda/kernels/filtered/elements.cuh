@@ -1,0 +1,66 @@
+// Row elements: the three score types a row may hold, read at their own width (16-byte chunks of
+// 4 float32 or 8 16-bit values, no cast pass), and the exact widening of each value to float32
+// bits that every phase after the loaders works on. Widening is exact and order-preserving:
+// distinct values stay distinct in the same total order (-0 stays -0, infinities stay, NaN stays
+// NaN), so a selection over the widened bits is the selection over the 16-bit ordered key, ties
+// included, and the values output narrows them back bit for bit (winners.cuh WriteValue).
+//
+// Contract: constants and pure functions only; every loader takes one RowElements<type> as its
+// template argument Elements.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/topk_problem.h"
+#include "kernels/filtered/layout.cuh"
+
+namespace jax_topk {
+namespace {
+
+template <ScoreType kType>
+struct RowElements;
+
+template <>
+struct RowElements<ScoreType::kFloat32> {
+  using Storage = float;
+  __device__ __forceinline__ static uint32_t Widen(float value) { return __float_as_uint(value); }
+};
+template <>
+struct RowElements<ScoreType::kBfloat16> {
+  using Storage = unsigned short;
+  // bfloat16 is the top half of a float32.
+  __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
+    return static_cast<uint32_t>(bits) << 16;
+  }
+};
+template <>
+struct RowElements<ScoreType::kFloat16> {
+  using Storage = unsigned short;
+  // Exact: every float16 (subnormals included) is a float32; a NaN widens to a NaN.
+  __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
+    return __float_as_uint(__half2float(__ushort_as_half(bits)));
+  }
+};
+
+// A 16-byte chunk's elements and the column stride between a thread's chunks of one tile (each
+// warp load covers 512 contiguous bytes); a thread holds kFilterItems (kScanItems) values of a
+// tile in kFilterChunks (kScanChunks) chunks.
+template <class Elements>
+constexpr int kChunkElems = 16 / static_cast<int>(sizeof(typename Elements::Storage));
+template <class Elements>
+constexpr int kChunkStride = kChunkElems<Elements> * kThreadsPerBlock;
+template <class Elements>
+constexpr int kFilterChunks = kFilterItems / kChunkElems<Elements>;
+template <class Elements>
+constexpr int kScanChunks = kScanItems / kChunkElems<Elements>;
+
+// The widened value of one element.
+template <class Elements>
+__device__ __forceinline__ float WidenedValue(typename Elements::Storage element) {
+  return __uint_as_float(Elements::Widen(element));
+}
+
+}  // namespace
+}  // namespace jax_topk
