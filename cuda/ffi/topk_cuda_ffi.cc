@@ -21,16 +21,6 @@ ffi::Error LaunchError(const char* op, cudaError_t status) {
                               " launch failed: " + cudaGetErrorString(status));
 }
 
-// What the register kernel cannot do yet (a values output, float16 rows):
-// refused here, so no caller gets unwritten values.
-ffi::Error RefuseUnsupported(const TopkTarget& target, const TopkProblem& problem) {
-  if (problem.values != nullptr)
-    return InvalidTopkCall(target, "this kernel does not write values yet");
-  if (problem.score_type == ScoreType::kFloat16)
-    return InvalidTopkCall(target, "this kernel does not read float16 yet");
-  return ffi::Error::Success();
-}
-
 ffi::Error RunTopkBf16(cudaStream_t stream, const TopkProblem& problem) {
   return LaunchError("topk_bf16", LaunchTopkBf16(problem, stream));
 }
