@@ -1,6 +1,6 @@
-"""A representative call of each CUDA kernel, small enough to run under compute-sanitizer
-(`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu): checks the result against
-the CPU handler too."""
+"""A representative call of each CUDA kernel (top_k's routes with values included), small
+enough to run under compute-sanitizer (`compute-sanitizer python -m tests.checks.sanitizer`,
+see .ci/gpu): checks the result against the CPU handler too, bit for bit."""
 
 import jax
 import numpy as np
@@ -77,6 +77,29 @@ def main():
         got = call(*jax.device_put((scores, lengths, extra), gpu))
         want = call(*jax.device_put((scores, lengths, extra), cpu))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # top_k: values and indices from every route, the 16-bit types on each kernel.
+    f16 = np.float16
+    top_k_cases = [
+        (rng.standard_normal((300, 256), np.float32), 8),  # a warp a row
+        (rng.standard_normal((37, 1000), np.float32).astype(f16), 32),
+        (_nan_and_zero_rows(rng, 12, 9001).astype(f16), 512),  # the register kernel
+        (_nan_and_zero_rows(rng, 6, 16384), 2048),
+        (_periodic_rows(rng, 40, 40_003).astype(f16), 2048),  # the filtered kernel, 16-bit
+        (_periodic_rows(rng, 4, 65_541).astype(jax.numpy.bfloat16), 50),  # split rows
+        (rng.standard_normal((3, 100_003), np.float32), 2048),
+    ]
+    for scores, k in top_k_cases:
+        rows, n = scores.shape
+        lengths = rng.integers(-1, n + 2, size=rows).astype(np.int32)
+        for sorted_ in (True, False):
+            call = jax.jit(
+                lambda s, lens, k=k, o=sorted_: jax_topk.top_k(s, k, lengths=lens, sorted=o)
+            )
+            got = call(*jax.device_put((scores, lengths), gpu))
+            want = call(*jax.device_put((scores, lengths), cpu))
+            for a, b in zip(got, want):
+                a, b = np.asarray(a), np.asarray(b)
+                np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
     print("sanitizer cases: ok")
 
 
