@@ -1,0 +1,11 @@
+// The filtered kernel instantiated for bfloat16 rows (see kernels/topk_filtered.cu).
+#include "kernels/filtered/launch_rows.cuh"
+
+namespace jax_topk {
+
+cudaError_t LaunchFilteredBfloat16Rows(const TopkProblem& problem, void* workspace,
+                                       size_t workspace_bytes, cudaStream_t stream) {
+  return LaunchRowsOf<ScoreType::kBfloat16>(problem, workspace, workspace_bytes, stream);
+}
+
+}  // namespace jax_topk
