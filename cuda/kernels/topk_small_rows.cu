@@ -43,8 +43,12 @@ struct Float32Rules {
   using Bits = uint32_t;
   static constexpr Bits kMaskedBits = 0x7FFFFFFFu;
   static constexpr Bits kEmptyValueBits = kNegInfF32Bits;
+  // OrderedKeyF32 as one xor with the sign smeared, and the NaN test as one float compare:
+  // 4 instructions an element where the shared helpers compile to 6.
   __device__ static uint32_t Key(Bits bits) {
-    return IsNanF32(bits) ? kNoCandidate : OrderedKeyF32(bits);
+    const uint32_t sign_smear = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31);
+    const float value = __uint_as_float(bits);
+    return value != value ? kNoCandidate : bits ^ (sign_smear | 0x80000000u);
   }
   __device__ static Bits ValueBits(uint32_t key) { return BitsFromOrderedKeyF32(key); }
 };
@@ -133,14 +137,71 @@ __device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kE
   return max(threshold, kNoCandidate + 1);
 }
 
+// Where one row's winners go: column (page-transformed) and value at a slot of the row.
+template <typename Rules>
+struct RowOutput {
+  using Bits = typename Rules::Bits;
+  int32_t* indices;
+  Bits* values;  // null without a values output
+  const int32_t* table_row;  // null without a page table
+  int log2_page_size;
+  __device__ RowOutput(const TopkProblem& problem, int64_t row)
+      : indices(problem.out + row * problem.k),
+        values(problem.values != nullptr ? static_cast<Bits*>(problem.values) + row * problem.k
+                                         : nullptr),
+        table_row(problem.page_table != nullptr
+                      ? problem.page_table +
+                            TableRowFor(row, problem.table_rows, problem.table_count) *
+                                problem.pages
+                      : nullptr),
+        log2_page_size(problem.log2_page_size) {}
+  __device__ void Winner(int slot, uint32_t column, uint32_t key) const {
+    indices[slot] = PageTransform(static_cast<int32_t>(column), table_row, log2_page_size);
+    if (values != nullptr) values[slot] = Rules::ValueBits(key);
+  }
+  __device__ void Empty(int slot) const {
+    indices[slot] = kEmptySlot;
+    if (values != nullptr) values[slot] = Rules::kEmptyValueBits;
+  }
+};
+
+// Step 3 when the candidates fit one a lane (nearly always at k <= 16): candidate `lane`'s rank
+// is the number of candidates ahead of it (higher key, or equal key and lower column), counted
+// over broadcast reads of the buffer that depend on no other lane: ~4 instructions a candidate,
+// where SelectAndWrite's rounds take two dependent reductions a winner.
+template <typename Rules>
+__device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
+                                             const TopkProblem& problem, int64_t row) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const uint2 mine =
+      lane < candidates ? candidates_buffer[lane] : make_uint2(kNoCandidate, kNoColumn);
+  // (key, inverted column) as one 64-bit word: a greater word is ahead in the output order.
+  const auto order_word = [](uint2 entry) {
+    return (static_cast<uint64_t>(entry.x) << 32) | (kColumnMask - entry.y);
+  };
+  const uint64_t my_word = order_word(mine);
+  int rank = 0;
+#pragma unroll 4
+  for (int other = 0; other < candidates; ++other) {
+    rank += order_word(candidates_buffer[other]) > my_word ? 1 : 0;
+  }
+  const int k = problem.k;
+  const bool taken = lane < candidates && rank < k;
+  // sorted = false: column order, which is the buffer's.
+  const int slot =
+      problem.sorted ? rank : __popc(__ballot_sync(kFullWarp, taken) & ((1u << lane) - 1));
+  const RowOutput<Rules> output(problem, row);
+  if (taken) output.Winner(slot, mine.y, mine.x);
+  if (lane >= candidates && lane < k) output.Empty(lane);
+}
+
 // Step 3's rounds, by all lanes, with kSlots slots a lane: slot s of lane L holds candidate
 // s * 32 + L of the column-ordered buffer (so a lane's slots ascend in column). Takes the
 // min(k, candidates) winners and writes them and the empty slots.
 template <typename Rules, int kSlots>
 __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, int candidates,
                                                const TopkProblem& problem, int64_t row) {
-  using Bits = typename Rules::Bits;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   uint32_t keys[kSlots];
   uint32_t columns[kSlots];
 #pragma unroll
@@ -173,14 +234,7 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
     }
   }
 
-  int32_t* row_out = problem.out + row * k;
-  Bits* row_values =
-      problem.values != nullptr ? static_cast<Bits*>(problem.values) + row * k : nullptr;
-  const int32_t* table_row =
-      problem.page_table != nullptr
-          ? problem.page_table +
-                TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages
-          : nullptr;
+  const RowOutput<Rules> output(problem, row);
   int taken_before = 0;  // sorted = false: winners in lower slots (lower columns) so far
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
@@ -193,17 +247,10 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
       taken_before += __popc(taken_lanes);
     }
     if (taken) {
-      const int32_t column = static_cast<int32_t>(columns[s] & kColumnMask);
-      row_out[position] = PageTransform(column, table_row, problem.log2_page_size);
-      if (row_values != nullptr) {
-        row_values[position] = Rules::ValueBits(candidates_buffer[s * kWarpSize + lane].x);
-      }
+      output.Winner(position, columns[s] & kColumnMask, candidates_buffer[s * kWarpSize + lane].x);
     }
   }
-  if (lane >= winners && lane < k) {
-    row_out[lane] = kEmptySlot;
-    if (row_values != nullptr) row_values[lane] = Rules::kEmptyValueBits;
-  }
+  if (lane >= winners && lane < k) output.Empty(lane);
 }
 
 template <typename Rules, int kElems>
@@ -213,19 +260,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   // candidates are many (ties at the threshold, rows in ascending order).
   __shared__ uint2 candidates_buffer[kWarpsPerBlock][kWarpSize * kElems];
 
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= problem.rows) return;  // whole warps leave: no warp-wide call sees a missing lane
   const int k = problem.k;
 
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
-    if (lane < k) {
-      problem.out[row * k + lane] = kEmptySlot;
-      if (problem.values != nullptr) {
-        static_cast<Bits*>(problem.values)[row * k + lane] = Rules::kEmptyValueBits;
-      }
-    }
+    if (lane < k) RowOutput<Rules>(problem, row).Empty(lane);
     return;
   }
   const int length =
@@ -242,23 +284,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
       k <= kMaxKForOneMaximum ? CandidateThreshold<1>(keys, k) : CandidateThreshold<2>(keys, k);
 
   // Step 3: compact the candidates in column order (lane order, then slice order).
-  int lane_candidates = 0;
+  uint32_t candidate_bits = 0;  // bit e: keys[e] is a candidate (one compare an element)
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) lane_candidates += keys[e] >= threshold ? 1 : 0;
+  for (int e = 0; e < kElems; ++e) candidate_bits |= (keys[e] >= threshold ? 1u : 0u) << e;
+  const int lane_candidates = __popc(candidate_bits);
   const int inclusive = WarpInclusiveSum(lane_candidates);
   const int candidates = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
   uint2* const warp_buffer = candidates_buffer[warp];
   uint2* next_entry = warp_buffer + (inclusive - lane_candidates);
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
-    if (keys[e] >= threshold) {
+    if ((candidate_bits >> e) & 1) {
       *next_entry++ = make_uint2(keys[e], static_cast<uint32_t>(first_column + e));
     }
   }
   __syncwarp();
 
   if (candidates <= kWarpSize) {
-    SelectAndWrite<Rules, 1>(warp_buffer, candidates, problem, row);
+    RankAndWrite<Rules>(warp_buffer, candidates, problem, row);
   } else if (candidates <= 2 * kWarpSize) {
     SelectAndWrite<Rules, 2>(warp_buffer, candidates, problem, row);
   } else {
