@@ -3,11 +3,11 @@
 //    aligned); NaN and columns past the length get key 0, never a candidate.
 // 2. k rounds of a warp max (redux.sync) over lane maxima (2 a lane past k = 16), each dropping
 //    the maxima at it: k keys reach the last max T, so every winner does (~9 of 256 at k = 8).
-// 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer, read back one slot
-//    a lane (2 past 32, E past 64); min(k, count) rounds of two redux.sync (max key, min column)
-//    take the winners in rank order: 3k dependent reductions, ~350 instructions a row, where a
-//    warp bitonic sort of 256 x 8 needs 15 dependent cross-lane stages of 16 shuffles each.
-// Traffic: each score read once; k indices (+ values) a row. Limits: kSmallRowsMax* (topk_cuda.h).
+// 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer. At most 32 (nearly
+//    always at k <= 16): lane i counts the candidates ahead of candidate i (one 64-bit compare of
+//    (key, inverted column) each, broadcast reads, no cross-lane dependency): that is its rank.
+//    More: min(k, count) rounds of two redux.sync (max key, min column) over 2 or E slots a lane.
+// Instruction-bound (f32 [65536, 256] k = 8: ~400 a row). Limits: kSmallRowsMax* (topk_common.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,6 +36,9 @@ constexpr uint32_t kNoCandidate = 0;
 constexpr int kRankShift = 16;
 constexpr uint32_t kColumnMask = (1u << kRankShift) - 1;
 constexpr uint32_t kNoColumn = kColumnMask;
+// The shared buffer holds (key, kColumnMask - column): (key << 32 | that) orders candidates as the
+// output does (higher key first, then lower column) in one 64-bit compare.
+__device__ __forceinline__ uint32_t InvertedColumn(uint32_t column) { return kColumnMask - column; }
 
 // How each score type reads as a key and writes back as a value. kMaskedBits (a NaN) stands in
 // for a column past the length, so one NaN test excludes both.
@@ -60,9 +63,16 @@ struct SixteenBitRules {
   using Bits = uint16_t;
   static constexpr Bits kMaskedBits = 0x7FFFu;
   static constexpr Bits kEmptyValueBits = kBfloat16 ? kNegInfBf16Bits : kNegInfF16Bits;
+  // The keys of +inf and -inf (whose bits are +inf's key): NaN keys lie outside them.
+  static constexpr uint32_t kPlusInfKey = (kBfloat16 ? 0x7F80u : 0x7C00u) | 0x8000u;
+  static constexpr uint32_t kMinusInfKey = 0xFFFFu - kPlusInfKey;
+  // OrderedKeyBf16 as Float32Rules does it, on the sign-extended bits (~ clears the extension),
+  // and NaN as a key outside [-inf, +inf]: 6 instructions an element where the helpers take 8.
   __device__ static uint32_t Key(Bits bits) {
-    const bool nan = kBfloat16 ? IsNanBf16(bits) : IsNanF16(bits);
-    return nan ? kNoCandidate : OrderedKeyBf16(bits);
+    const int32_t sign_extended = static_cast<int16_t>(bits);
+    const uint32_t sign_smear = static_cast<uint32_t>(sign_extended >> 31);
+    const uint32_t key = static_cast<uint32_t>(sign_extended) ^ (sign_smear | 0x8000u);
+    return key - kMinusInfKey > kPlusInfKey - kMinusInfKey ? kNoCandidate : key;
   }
   __device__ static Bits ValueBits(uint32_t key) { return BitsFromOrderedKeyBf16(key); }
 };
@@ -173,11 +183,10 @@ template <typename Rules>
 __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
                                              const TopkProblem& problem, int64_t row) {
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const uint2 mine =
-      lane < candidates ? candidates_buffer[lane] : make_uint2(kNoCandidate, kNoColumn);
-  // (key, inverted column) as one 64-bit word: a greater word is ahead in the output order.
+  const uint2 mine = lane < candidates ? candidates_buffer[lane]
+                                       : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
   const auto order_word = [](uint2 entry) {
-    return (static_cast<uint64_t>(entry.x) << 32) | (kColumnMask - entry.y);
+    return (static_cast<uint64_t>(entry.x) << 32) | entry.y;
   };
   const uint64_t my_word = order_word(mine);
   int rank = 0;
@@ -191,7 +200,7 @@ __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int
   const int slot =
       problem.sorted ? rank : __popc(__ballot_sync(kFullWarp, taken) & ((1u << lane) - 1));
   const RowOutput<Rules> output(problem, row);
-  if (taken) output.Winner(slot, mine.y, mine.x);
+  if (taken) output.Winner(slot, InvertedColumn(mine.y), mine.x);
   if (lane >= candidates && lane < k) output.Empty(lane);
 }
 
@@ -207,10 +216,10 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int index = s * kWarpSize + lane;
-    const uint2 entry =
-        index < candidates ? candidates_buffer[index] : make_uint2(kNoCandidate, kNoColumn);
+    const uint2 entry = index < candidates ? candidates_buffer[index]
+                                           : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
     keys[s] = entry.x;
-    columns[s] = entry.y;
+    columns[s] = InvertedColumn(entry.y);
   }
 
   const int k = problem.k;
@@ -256,8 +265,8 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
 template <typename Rules, int kElems>
 __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
   using Bits = typename Rules::Bits;
-  // (key, column) of each warp's candidates in column order; in full only when a row's
-  // candidates are many (ties at the threshold, rows in ascending order).
+  // (key, InvertedColumn(column)) of each warp's candidates in column order; in full only when a
+  // row's candidates are many (ties at the threshold, rows in ascending order).
   __shared__ uint2 candidates_buffer[kWarpsPerBlock][kWarpSize * kElems];
 
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
@@ -295,7 +304,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
     if ((candidate_bits >> e) & 1) {
-      *next_entry++ = make_uint2(keys[e], static_cast<uint32_t>(first_column + e));
+      *next_entry++ = make_uint2(keys[e], InvertedColumn(static_cast<uint32_t>(first_column + e)));
     }
   }
   __syncwarp();
