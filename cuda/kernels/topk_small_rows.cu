@@ -177,7 +177,7 @@ struct RowOutput {
 
 // Step 3 when the candidates fit one a lane (nearly always at k <= 16): candidate `lane`'s rank
 // is the number of candidates ahead of it (higher key, or equal key and lower column), counted
-// over broadcast reads of the buffer that depend on no other lane: ~4 instructions a candidate,
+// over broadcast reads of the buffer that depend on no other lane: ~6 instructions a candidate,
 // where SelectAndWrite's rounds take two dependent reductions a winner.
 template <typename Rules>
 __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
