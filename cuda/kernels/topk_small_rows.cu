@@ -3,11 +3,11 @@
 //    aligned); NaN and columns past the length get key 0, never a candidate.
 // 2. k rounds of a warp max (redux.sync) over lane maxima (2 a lane past k = 16), each dropping
 //    the maxima at it: k keys reach the last max T, so every winner does (~9 of 256 at k = 8).
-// 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer, read back one slot
-//    a lane (2 past 32, E past 64); min(k, count) rounds of two redux.sync (max key, min column)
-//    take the winners in rank order: 3k dependent reductions, ~350 instructions a row, where a
-//    warp bitonic sort of 256 x 8 needs 15 dependent cross-lane stages of 16 shuffles each.
-// Traffic: each score read once; k indices (+ values) a row. Limits: kSmallRowsMax* (topk_cuda.h).
+// 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer. At most 32 (nearly
+//    always at k <= 16): lane i counts the candidates ahead of candidate i (one 64-bit compare of
+//    (key, inverted column) each, broadcast reads, no cross-lane dependency): that is its rank.
+//    More: min(k, count) rounds of two redux.sync (max key, min column) over 2 or E slots a lane.
+// Instruction-bound (f32 [65536, 256] k = 8: ~400 a row). Limits: kSmallRowsMax* (topk_common.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,6 +36,9 @@ constexpr uint32_t kNoCandidate = 0;
 constexpr int kRankShift = 16;
 constexpr uint32_t kColumnMask = (1u << kRankShift) - 1;
 constexpr uint32_t kNoColumn = kColumnMask;
+// The shared buffer holds (key, kColumnMask - column): (key << 32 | that) orders candidates as the
+// output does (higher key first, then lower column) in one 64-bit compare.
+__device__ __forceinline__ uint32_t InvertedColumn(uint32_t column) { return kColumnMask - column; }
 
 // How each score type reads as a key and writes back as a value. kMaskedBits (a NaN) stands in
 // for a column past the length, so one NaN test excludes both.
@@ -43,8 +46,12 @@ struct Float32Rules {
   using Bits = uint32_t;
   static constexpr Bits kMaskedBits = 0x7FFFFFFFu;
   static constexpr Bits kEmptyValueBits = kNegInfF32Bits;
+  // OrderedKeyF32 as one xor with the sign smeared, and the NaN test as one float compare:
+  // 4 instructions an element where the shared helpers compile to 6.
   __device__ static uint32_t Key(Bits bits) {
-    return IsNanF32(bits) ? kNoCandidate : OrderedKeyF32(bits);
+    const uint32_t sign_smear = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31);
+    const float value = __uint_as_float(bits);
+    return value != value ? kNoCandidate : bits ^ (sign_smear | 0x80000000u);
   }
   __device__ static Bits ValueBits(uint32_t key) { return BitsFromOrderedKeyF32(key); }
 };
@@ -56,9 +63,16 @@ struct SixteenBitRules {
   using Bits = uint16_t;
   static constexpr Bits kMaskedBits = 0x7FFFu;
   static constexpr Bits kEmptyValueBits = kBfloat16 ? kNegInfBf16Bits : kNegInfF16Bits;
+  // The keys of +inf and -inf (whose bits are +inf's key): NaN keys lie outside them.
+  static constexpr uint32_t kPlusInfKey = (kBfloat16 ? 0x7F80u : 0x7C00u) | 0x8000u;
+  static constexpr uint32_t kMinusInfKey = 0xFFFFu - kPlusInfKey;
+  // OrderedKeyBf16 as Float32Rules does it, on the sign-extended bits (~ clears the extension),
+  // and NaN as a key outside [-inf, +inf]: 6 instructions an element where the helpers take 8.
   __device__ static uint32_t Key(Bits bits) {
-    const bool nan = kBfloat16 ? IsNanBf16(bits) : IsNanF16(bits);
-    return nan ? kNoCandidate : OrderedKeyBf16(bits);
+    const int32_t sign_extended = static_cast<int16_t>(bits);
+    const uint32_t sign_smear = static_cast<uint32_t>(sign_extended >> 31);
+    const uint32_t key = static_cast<uint32_t>(sign_extended) ^ (sign_smear | 0x8000u);
+    return key - kMinusInfKey > kPlusInfKey - kMinusInfKey ? kNoCandidate : key;
   }
   __device__ static Bits ValueBits(uint32_t key) { return BitsFromOrderedKeyBf16(key); }
 };
@@ -133,23 +147,79 @@ __device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kE
   return max(threshold, kNoCandidate + 1);
 }
 
+// Where one row's winners go: column (page-transformed) and value at a slot of the row.
+template <typename Rules>
+struct RowOutput {
+  using Bits = typename Rules::Bits;
+  int32_t* indices;
+  Bits* values;  // null without a values output
+  const int32_t* table_row;  // null without a page table
+  int log2_page_size;
+  __device__ RowOutput(const TopkProblem& problem, int64_t row)
+      : indices(problem.out + row * problem.k),
+        values(problem.values != nullptr ? static_cast<Bits*>(problem.values) + row * problem.k
+                                         : nullptr),
+        table_row(problem.page_table != nullptr
+                      ? problem.page_table +
+                            TableRowFor(row, problem.table_rows, problem.table_count) *
+                                problem.pages
+                      : nullptr),
+        log2_page_size(problem.log2_page_size) {}
+  __device__ void Winner(int slot, uint32_t column, uint32_t key) const {
+    indices[slot] = PageTransform(static_cast<int32_t>(column), table_row, log2_page_size);
+    if (values != nullptr) values[slot] = Rules::ValueBits(key);
+  }
+  __device__ void Empty(int slot) const {
+    indices[slot] = kEmptySlot;
+    if (values != nullptr) values[slot] = Rules::kEmptyValueBits;
+  }
+};
+
+// Step 3 when the candidates fit one a lane (nearly always at k <= 16): candidate `lane`'s rank
+// is the number of candidates ahead of it (higher key, or equal key and lower column), counted
+// over broadcast reads of the buffer that depend on no other lane: ~6 instructions a candidate,
+// where SelectAndWrite's rounds take two dependent reductions a winner.
+template <typename Rules>
+__device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
+                                             const TopkProblem& problem, int64_t row) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const uint2 mine = lane < candidates ? candidates_buffer[lane]
+                                       : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
+  const auto order_word = [](uint2 entry) {
+    return (static_cast<uint64_t>(entry.x) << 32) | entry.y;
+  };
+  const uint64_t my_word = order_word(mine);
+  int rank = 0;
+#pragma unroll 4
+  for (int other = 0; other < candidates; ++other) {
+    rank += order_word(candidates_buffer[other]) > my_word ? 1 : 0;
+  }
+  const int k = problem.k;
+  const bool taken = lane < candidates && rank < k;
+  // sorted = false: column order, which is the buffer's.
+  const int slot =
+      problem.sorted ? rank : __popc(__ballot_sync(kFullWarp, taken) & ((1u << lane) - 1));
+  const RowOutput<Rules> output(problem, row);
+  if (taken) output.Winner(slot, InvertedColumn(mine.y), mine.x);
+  if (lane >= candidates && lane < k) output.Empty(lane);
+}
+
 // Step 3's rounds, by all lanes, with kSlots slots a lane: slot s of lane L holds candidate
 // s * 32 + L of the column-ordered buffer (so a lane's slots ascend in column). Takes the
 // min(k, candidates) winners and writes them and the empty slots.
 template <typename Rules, int kSlots>
 __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, int candidates,
                                                const TopkProblem& problem, int64_t row) {
-  using Bits = typename Rules::Bits;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   uint32_t keys[kSlots];
   uint32_t columns[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int index = s * kWarpSize + lane;
-    const uint2 entry =
-        index < candidates ? candidates_buffer[index] : make_uint2(kNoCandidate, kNoColumn);
+    const uint2 entry = index < candidates ? candidates_buffer[index]
+                                           : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
     keys[s] = entry.x;
-    columns[s] = entry.y;
+    columns[s] = InvertedColumn(entry.y);
   }
 
   const int k = problem.k;
@@ -173,14 +243,7 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
     }
   }
 
-  int32_t* row_out = problem.out + row * k;
-  Bits* row_values =
-      problem.values != nullptr ? static_cast<Bits*>(problem.values) + row * k : nullptr;
-  const int32_t* table_row =
-      problem.page_table != nullptr
-          ? problem.page_table +
-                TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages
-          : nullptr;
+  const RowOutput<Rules> output(problem, row);
   int taken_before = 0;  // sorted = false: winners in lower slots (lower columns) so far
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
@@ -193,39 +256,27 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
       taken_before += __popc(taken_lanes);
     }
     if (taken) {
-      const int32_t column = static_cast<int32_t>(columns[s] & kColumnMask);
-      row_out[position] = PageTransform(column, table_row, problem.log2_page_size);
-      if (row_values != nullptr) {
-        row_values[position] = Rules::ValueBits(candidates_buffer[s * kWarpSize + lane].x);
-      }
+      output.Winner(position, columns[s] & kColumnMask, candidates_buffer[s * kWarpSize + lane].x);
     }
   }
-  if (lane >= winners && lane < k) {
-    row_out[lane] = kEmptySlot;
-    if (row_values != nullptr) row_values[lane] = Rules::kEmptyValueBits;
-  }
+  if (lane >= winners && lane < k) output.Empty(lane);
 }
 
 template <typename Rules, int kElems>
 __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
   using Bits = typename Rules::Bits;
-  // (key, column) of each warp's candidates in column order; in full only when a row's
-  // candidates are many (ties at the threshold, rows in ascending order).
+  // (key, InvertedColumn(column)) of each warp's candidates in column order; in full only when a
+  // row's candidates are many (ties at the threshold, rows in ascending order).
   __shared__ uint2 candidates_buffer[kWarpsPerBlock][kWarpSize * kElems];
 
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= problem.rows) return;  // whole warps leave: no warp-wide call sees a missing lane
   const int k = problem.k;
 
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
-    if (lane < k) {
-      problem.out[row * k + lane] = kEmptySlot;
-      if (problem.values != nullptr) {
-        static_cast<Bits*>(problem.values)[row * k + lane] = Rules::kEmptyValueBits;
-      }
-    }
+    if (lane < k) RowOutput<Rules>(problem, row).Empty(lane);
     return;
   }
   const int length =
@@ -242,23 +293,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
       k <= kMaxKForOneMaximum ? CandidateThreshold<1>(keys, k) : CandidateThreshold<2>(keys, k);
 
   // Step 3: compact the candidates in column order (lane order, then slice order).
-  int lane_candidates = 0;
+  uint32_t candidate_bits = 0;  // bit e: keys[e] is a candidate (one compare an element)
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) lane_candidates += keys[e] >= threshold ? 1 : 0;
+  for (int e = 0; e < kElems; ++e) candidate_bits |= (keys[e] >= threshold ? 1u : 0u) << e;
+  const int lane_candidates = __popc(candidate_bits);
   const int inclusive = WarpInclusiveSum(lane_candidates);
   const int candidates = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
   uint2* const warp_buffer = candidates_buffer[warp];
   uint2* next_entry = warp_buffer + (inclusive - lane_candidates);
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
-    if (keys[e] >= threshold) {
-      *next_entry++ = make_uint2(keys[e], static_cast<uint32_t>(first_column + e));
+    if ((candidate_bits >> e) & 1) {
+      *next_entry++ = make_uint2(keys[e], InvertedColumn(static_cast<uint32_t>(first_column + e)));
     }
   }
   __syncwarp();
 
   if (candidates <= kWarpSize) {
-    SelectAndWrite<Rules, 1>(warp_buffer, candidates, problem, row);
+    RankAndWrite<Rules>(warp_buffer, candidates, problem, row);
   } else if (candidates <= 2 * kWarpSize) {
     SelectAndWrite<Rules, 2>(warp_buffer, candidates, problem, row);
   } else {
