@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/topk_common.h"
 #include "common/topk_filtered_workspace.h"
 #include "common/topk_problem.h"
 
@@ -21,10 +22,8 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
                                cudaStream_t stream);
 
 // topk_small_rows: one warp per row, the row in its registers; float32, bfloat16 or float16
-// scores, width <= kSmallRowsMaxWidth and k <= kSmallRowsMaxK (else cudaErrorInvalidValue).
-// Writes `values` too when it is not null.
-constexpr int kSmallRowsMaxWidth = 1024;
-constexpr int kSmallRowsMaxK = 32;
+// scores, width <= kSmallRowsMaxWidth and k <= kSmallRowsMaxK (common/topk_common.h; else
+// cudaErrorInvalidValue). Writes `values` too when it is not null.
 cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream);
 
 }  // namespace jax_topk
