@@ -1,38 +1,17 @@
 // merge_topk on the CPU, per row: the candidates (column >= 0, value not NaN) as (ordered
 // key, column) pairs, std::nth_element to the k best by (key descending, column
 // ascending), then a sort of those k into the requested order. O(m) per row on average.
-// The values written back come from the keys (the key transform is a bijection on the
-// bits), so a winner's value has exactly its input bits.
+// The values written back are rebuilt from the keys (common/value_traits.h).
 #include "cpu/merge_cpu.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "common/topk_common.h"
+#include "common/value_traits.h"
 
 namespace jax_topk {
 namespace {
-
-// How each value type reads as a 32-bit ordered key and back; 16-bit keys keep their own
-// 16-bit range (bfloat16 and float16 share the transform and differ in NaN and -inf).
-struct F32Values {
-  using Bits = uint32_t;
-  static bool IsNan(Bits bits) { return IsNanF32(bits); }
-  static uint32_t Key(Bits bits) { return OrderedKeyF32(bits); }
-  static Bits FromKey(uint32_t key) { return BitsFromOrderedKeyF32(key); }
-  static constexpr Bits kEmpty = kNegInfF32Bits;
-};
-struct Bf16Values {
-  using Bits = uint16_t;
-  static bool IsNan(Bits bits) { return IsNanBf16(bits); }
-  static uint32_t Key(Bits bits) { return OrderedKeyBf16(bits); }
-  static Bits FromKey(uint32_t key) { return BitsFromOrderedKeyBf16(key); }
-  static constexpr Bits kEmpty = kNegInfBf16Bits;
-};
-struct F16Values : Bf16Values {
-  static bool IsNan(Bits bits) { return IsNanF16(bits); }
-  static constexpr Bits kEmpty = kNegInfF16Bits;
-};
 
 struct Candidate {
   uint32_t key;
