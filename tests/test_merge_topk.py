@@ -6,6 +6,8 @@ dtypes; vmap; trace-time errors."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -199,3 +201,13 @@ def test_trace_time_errors():
         jax_topk.merge_topk(values, indices, 2, sorted=None)
     with pytest.raises(ValueError, match=r"m >= 1"):
         jax_topk.merge_topk(jnp.float32(1.0), jnp.int32(1), 1)
+
+
+def test_running_top_k_example():
+    """examples/running_top_k.py: a running top-k inside lax.scan equals one top_k (the
+    example asserts it)."""
+    path = Path(__file__).parents[1] / "examples" / "running_top_k.py"
+    spec = importlib.util.spec_from_file_location("running_top_k", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main()
