@@ -121,7 +121,7 @@ def _column_shard_call(params: Params, local: Operands, *, n: int, offset, colum
     columns = jnp.where(indices != _fallback.EMPTY_SLOT, indices + offset, _fallback.EMPTY_SLOT)
     values = jax.lax.all_gather(values, column_axes, axis=1, tiled=True)
     columns = jax.lax.all_gather(columns, column_axes, axis=1, tiled=True)
-    values, columns = merge_2d(values, columns, k=params.k, sorted=params.sorted)
+    values, columns = merge_2d(values, columns, k=params.k, sorted=params.sorted, local=True)
     if params.has_page_table:
         columns = _fallback.page_transform(
             columns,
