@@ -164,12 +164,35 @@ def check_top_k_operand(operand) -> tuple[tuple[int, ...], int]:
     return tuple(operand.shape[:-1]), n
 
 
-def check_top_k_k(k, n: int) -> int:
+def check_top_k_k(k, n: int, *, op: str = "top_k", width: str = "n") -> int:
+    """k against the row length (named `width` in the message: top_k's n, merge_topk's m)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"top_k: k must be a Python int, got {k!r} of type {type(k).__name__}")
+        raise TypeError(f"{op}: k must be a Python int, got {k!r} of type {type(k).__name__}")
     if not 1 <= k <= n:
-        raise ValueError(f"top_k: k={k} is out of range; it must satisfy 1 <= k <= n={n}")
+        raise ValueError(f"{op}: k={k} is out of range; it must satisfy 1 <= k <= {width}={n}")
     return int(k)
+
+
+def check_merge_operands(values, indices) -> tuple[tuple[int, ...], int]:
+    """merge_topk's candidate lists: returns (leading shape, m)."""
+    if values.dtype not in TOP_K_DTYPES:
+        raise TypeError(
+            f"merge_topk: values dtype {values.dtype} is not supported; it must be one of "
+            + ", ".join(d.name for d in TOP_K_DTYPES)
+        )
+    if indices.dtype != jnp.int32:
+        raise TypeError(f"merge_topk: indices must be int32 (global columns), got {indices.dtype}")
+    if values.shape != indices.shape:
+        raise ValueError(
+            f"merge_topk: values {tuple(values.shape)} and indices {tuple(indices.shape)} "
+            "must have one shape [..., m]"
+        )
+    if values.ndim < 1 or values.shape[-1] < 1:
+        raise ValueError(
+            f"merge_topk: values and indices need a last axis of m >= 1 candidates, got "
+            f"shape {tuple(values.shape)}"
+        )
+    return tuple(values.shape[:-1]), values.shape[-1]
 
 
 def check_sorted(op: str, sorted_) -> bool:

@@ -167,3 +167,37 @@ def ffi_call(*operands, params: Params):
             has_table_rows=params.has_table_rows,
         )
     return (columns,) if values is None else (columns, values)
+
+
+def merge(values, indices, *, k: int, sorted: bool):
+    """merge_topk's exact path for any dtype (docs/contract.md section 8): the top k of
+    each row's candidates [rows, m], an entry being a candidate iff its index is >= 0 and
+    its value is not NaN. One `lax.sort` by (not a candidate, key descending, column
+    ascending) as `select`; entries equal in all three are the same (value, column), so
+    which of them is taken cannot show. `sorted=False` orders the k winners by (column
+    ascending, key descending). Returns (values [rows, k], indices [rows, k])."""
+    rows, m = values.shape
+    keys, is_nan = ordered_keys(values)
+    candidate = (indices >= 0) & ~is_nan
+    width = min(k, m)
+    absent = (~candidate).astype(jnp.int32)
+    _, ranked_keys, ranked_columns, ranked_values = lax.sort(
+        (absent, ~keys, indices, values), dimension=1, num_keys=3
+    )
+    slot = lax.broadcasted_iota(jnp.int32, (rows, width), 1)
+    empty = slot >= candidate.sum(axis=1, dtype=jnp.int32)[:, None]
+    columns, picked = ranked_columns[:, :width], ranked_values[:, :width]
+    if not sorted:  # the empty slots (the last ones) stay last
+        _, columns, _, picked = lax.sort(
+            (empty.astype(jnp.int32), columns, ranked_keys[:, :width], picked),
+            dimension=1,
+            num_keys=3,
+        )
+    columns = jnp.where(empty, EMPTY_SLOT, columns)
+    picked = jnp.where(empty, empty_value(values.dtype), picked)
+    if width < k:
+        columns = jnp.pad(columns, ((0, 0), (0, k - width)), constant_values=EMPTY_SLOT)
+        picked = jnp.pad(
+            picked, ((0, 0), (0, k - width)), constant_values=empty_value(values.dtype)
+        )
+    return picked, columns

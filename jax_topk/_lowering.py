@@ -93,22 +93,30 @@ def forced_fallback(forced: bool = True):
         jax.clear_caches()
 
 
+def uses_fallback(platform: str, name: str) -> bool:
+    """Whether a lowering for `platform` ("cpu" or "cuda") of jax_topk.<name> takes the
+    pure-JAX path: forced (testing), or CUDA on a build without the CUDA extension (which
+    warns once)."""
+    no_cuda = platform == "cuda" and not HAS_CUDA_EXTENSION
+    if no_cuda and not _fallback_state["warned_no_cuda"]:
+        _fallback_state["warned_no_cuda"] = True
+        warnings.warn(
+            f"jax_topk.{name}: this build of jax_topk has no CUDA extension (no CUDA "
+            "compiler was found when it was built), so it runs as plain JAX on the GPU, exact "
+            "but slower; reinstall with a CUDA toolchain for the CUDA kernels",
+            stacklevel=3,
+        )
+    return _fallback_state["forced"] or no_cuda
+
+
 def _cpu_lowering(ctx, *operands, params: Params):
-    if _fallback_state["forced"]:
+    if uses_fallback("cpu", params.op):
         return _fallback_lowering(ctx, *operands, params=params)
     return _lowering(ctx, *operands, params=params, with_workspace=False)
 
 
 def _cuda_lowering(ctx, *operands, params: Params):
-    if not HAS_CUDA_EXTENSION and not _fallback_state["warned_no_cuda"]:
-        _fallback_state["warned_no_cuda"] = True
-        warnings.warn(
-            f"jax_topk.{params.op}: this build of jax_topk has no CUDA extension (no CUDA "
-            "compiler was found when it was built), so it runs as plain JAX on the GPU, exact "
-            "but slower; reinstall with a CUDA toolchain for the CUDA kernels",
-            stacklevel=2,
-        )
-    if _fallback_state["forced"] or not HAS_CUDA_EXTENSION:
+    if uses_fallback("cuda", params.op):
         return _fallback_lowering(ctx, *operands, params=params)
     return _lowering(ctx, *operands, params=params, with_workspace=params.operator.needs_workspace)
 

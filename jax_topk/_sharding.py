@@ -1,24 +1,30 @@
-"""Row sharding: with the rows sharded over mesh axes, each device selects in its own rows.
+"""Row and column sharding (docs/contract.md sections 6 and 8): each device selects in its
+own shard of the scores, which never cross devices.
 
-The custom call is wrapped in `custom_partitioning`: the partitioner keeps the row
-dimension's sharding, replicates the row length n (a row must be whole on one device),
-and each device calls the kernel on its shard; the scores are never all-gathered.
+The custom call is wrapped in `custom_partitioning`, one partition function for every
+layout. Rows split over mesh axes: each device calls the kernel on its rows.
 `num_valid_rows` counts global rows (per group of rows, one group per vmapped call), so
-each shard turns it into limits for its own rows.
+each shard turns it into limits for its own rows. Columns split over mesh axes: each
+device selects k candidates among its own columns (lengths clamped to its column range,
+global column numbers, with values, no page table), the candidates are all-gathered over
+the column axes ([rows, devices * k] values and columns), `merge_topk`'s merge gives the
+unsharded result bit for bit, and the page transform follows. Both at once on 2-D meshes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import _fallback
 from ._contract import Operands, Params
 from ._lowering import ffi_call_p
+from ._merge import merge_2d
 
 
 def _bind(params: Params, *operands):
@@ -29,17 +35,26 @@ def _bind(params: Params, *operands):
 _partitioned_call = custom_partitioning(_bind, static_argnums=(0,))
 
 
-def _row_axes(mesh, arg_shapes):
-    """The mesh axes the rows are split over, or None to run replicated (rows not split,
-    or not evenly)."""
+def _split_axes(mesh, entry, size: int):
+    """The mesh axes a dimension of `size` is split over (a spec entry), or None when it is
+    not split, or not evenly (then it runs whole on each device)."""
+    if entry is None:
+        return None
+    axes = entry if isinstance(entry, tuple) else (entry,)
+    shards = math.prod(mesh.shape[a] for a in axes)
+    return axes if size > 0 and size % shards == 0 else None
+
+
+def _layout(mesh, arg_shapes):
+    """(row axes, column axes) of the scores: the mesh axes the rows and the columns are
+    split over, each None when not split."""
     scores = Operands(*arg_shapes).scores
     sharding = scores.sharding
-    if not isinstance(sharding, NamedSharding) or not sharding.spec or sharding.spec[0] is None:
-        return None
-    axes = sharding.spec[0] if isinstance(sharding.spec[0], tuple) else (sharding.spec[0],)
-    rows = scores.shape[0]
-    shards = math.prod(mesh.shape[a] for a in axes)
-    return axes if rows > 0 and rows % shards == 0 else None
+    if not isinstance(sharding, NamedSharding):
+        return None, None
+    spec = (*sharding.spec, None, None)
+    rows, n = scores.shape
+    return _split_axes(mesh, spec[0], rows), _split_axes(mesh, spec[1], n)
 
 
 def _page_table_per_row(params: Params):
@@ -47,13 +62,14 @@ def _page_table_per_row(params: Params):
     return params.has_page_table and not params.has_table_rows
 
 
-def _shardings(params: Params, mesh, axes):
-    """Each operand's sharding with the rows split over `axes`, and the results'."""
-    rows = PartitionSpec(axes)
-    rows_2d = PartitionSpec(axes, None)
+def _shardings(params: Params, mesh, row_axes, column_axes):
+    """Each operand's sharding (rows over `row_axes`, the scores' columns over
+    `column_axes`), and the results' (rows split, k whole)."""
+    rows = PartitionSpec(row_axes)
+    rows_2d = PartitionSpec(row_axes, None)
     replicated = PartitionSpec()
     specs = Operands(
-        scores=rows_2d,
+        scores=PartitionSpec(row_axes, column_axes),
         lengths=rows,
         page_table=rows_2d if _page_table_per_row(params) else replicated,
         table_rows=rows if params.has_table_rows else replicated,
@@ -80,40 +96,72 @@ def local_num_valid_rows(num_valid_rows, rows, first_row, local_rows):
     return jnp.clip(limits, 0, piece).astype(jnp.int32)
 
 
-def _partition(params: Params, mesh, arg_shapes, result_shape):
-    del result_shape
-    axes = _row_axes(mesh, arg_shapes)
-    if axes is None:
-        replicated = NamedSharding(mesh, PartitionSpec())
-        return (
-            mesh,
-            partial(_bind, params),
-            (replicated,) * len(params.results),
-            (replicated,) * len(Operands._fields),
+def _column_shard_call(params: Params, local: Operands, *, n: int, offset, column_axes):
+    """One device's columns [offset, offset + local n) of a column-sharded call: the
+    candidates of its columns (global column numbers, with values, in any order), gathered
+    over the column axes (k values and columns a row a device, never the scores), merged
+    exactly, then the page transform."""
+    local_n = local.scores.shape[1]
+    # Clamped to [0, n] before the shift, so no length can wrap.
+    lengths = jnp.clip(jnp.clip(local.lengths, 0, n) - offset, 0, local_n).astype(jnp.int32)
+    candidates_params = dataclasses.replace(
+        params,
+        log2_page_size=0,
+        sorted=False,
+        has_page_table=False,
+        has_table_rows=False,
+        with_values=True,
+    )
+    indices, values = _bind(
+        candidates_params,
+        *local._replace(
+            lengths=lengths, page_table=Operands.absent(2), table_rows=Operands.absent(1)
+        ),
+    )
+    columns = jnp.where(indices != _fallback.EMPTY_SLOT, indices + offset, _fallback.EMPTY_SLOT)
+    values = jax.lax.all_gather(values, column_axes, axis=1, tiled=True)
+    columns = jax.lax.all_gather(columns, column_axes, axis=1, tiled=True)
+    values, columns = merge_2d(values, columns, k=params.k, sorted=params.sorted, local=True)
+    if params.has_page_table:
+        columns = _fallback.page_transform(
+            columns,
+            local.page_table,
+            local.table_rows,
+            log2_page_size=params.log2_page_size,
+            has_table_rows=params.has_table_rows,
         )
-    arg_shardings, result_shardings = _shardings(params, mesh, axes)
-    rows = Operands(*arg_shapes).scores.shape[0]
+    return (columns, values) if params.with_values else (columns,)
+
+
+def _partition(params: Params, mesh, arg_shapes, result_shape):
+    """One partition function for rows split, columns split, both, or neither."""
+    del result_shape
+    row_axes, column_axes = _layout(mesh, arg_shapes)
+    arg_shardings, result_shardings = _shardings(params, mesh, row_axes, column_axes)
+    rows, n = Operands(*arg_shapes).scores.shape
 
     def local_call(*local):
         local = Operands(*local)
-        if params.has_num_valid_rows:
-            local_rows = local.scores.shape[0]
-            first_row = _shard_index(mesh, axes) * local_rows
+        local_rows, local_n = local.scores.shape
+        if params.has_num_valid_rows and row_axes:
+            first_row = _shard_index(mesh, row_axes) * local_rows
             local = local._replace(
                 num_valid_rows=local_num_valid_rows(
                     local.num_valid_rows, rows, first_row, local_rows
                 )
             )
-        return _bind(params, *local)
+        if not column_axes:
+            return _bind(params, *local)
+        offset = _shard_index(mesh, column_axes) * local_n
+        return _column_shard_call(params, local, n=n, offset=offset, column_axes=column_axes)
 
     return mesh, local_call, result_shardings, arg_shardings
 
 
 def _infer(params: Params, mesh, arg_shapes, result_shape):
     del result_shape
-    axes = _row_axes(mesh, arg_shapes)
-    spec = PartitionSpec(axes, None) if axes else PartitionSpec()
-    return (NamedSharding(mesh, spec),) * len(params.results)
+    row_axes, _ = _layout(mesh, arg_shapes)
+    return (NamedSharding(mesh, PartitionSpec(row_axes, None)),) * len(params.results)
 
 
 def _sharding_rule(params: Params, mesh, arg_shapes, result_shape):
@@ -126,9 +174,10 @@ def _sharding_rule(params: Params, mesh, arg_shapes, result_shape):
         num_valid_rows="g",
     )
     results = ", ".join(["r k"] * len(params.results))
-    # n and the (small) num_valid_rows must be whole on each device; rows pass through.
+    # The (small) num_valid_rows must be whole on each device; rows pass through, and a
+    # split n is merged inside the partitioned call (k is whole in the results).
     rule = f"{', '.join(factors)} -> {results}"
-    return rule, {"need_replication_factors": ("n", "g")}
+    return rule, {"need_replication_factors": ("g",)}
 
 
 _partitioned_call.def_partition(

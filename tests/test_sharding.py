@@ -1,18 +1,27 @@
-"""Row sharding over 8 host devices (a separate process: the device count is fixed at
-JAX's start)."""
+"""Row and column sharding over 8 host devices (each check a separate process: the device
+count is fixed at JAX's start)."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).parents[1]
 
 
-def test_row_sharding_runs_locally_without_all_gather():
+@pytest.mark.parametrize(
+    "check,summary",
+    [
+        ("tests.checks.sharding", "no all-gather of scores"),
+        ("tests.checks.column_sharding", "only the candidates cross devices"),
+    ],
+)
+def test_sharded_calls_equal_unsharded_without_moving_scores(check, summary):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     result = subprocess.run(
-        [sys.executable, "-m", "tests.checks.sharding"],
+        [sys.executable, "-m", check],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -20,4 +29,4 @@ def test_row_sharding_runs_locally_without_all_gather():
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "no all-gather of scores" in result.stdout
+    assert summary in result.stdout

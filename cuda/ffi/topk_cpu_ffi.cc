@@ -5,7 +5,9 @@
 
 #include "common/topk_common.h"
 #include "common/topk_filtered_workspace.h"
+#include "cpu/merge_cpu.h"
 #include "cpu/topk_cpu.h"
+#include "ffi/merge_ffi.h"
 #include "ffi/topk_ffi.h"
 #include "nanobind/nanobind.h"
 
@@ -23,6 +25,13 @@ ffi::Error RunOnThreadPool(ffi::ThreadPool thread_pool, const TopkProblem& probl
   return ffi::Error::Success();
 }
 
+// Merges are short (m <= 64 x 2048 a row): the calling thread alone.
+ffi::Error MergeOnCallingThread(ffi::ThreadPool thread_pool, const MergeProblem& problem) {
+  (void)thread_pool;
+  MergeCpu(problem);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // One CPU algorithm serves every target (each with its own checks): the reference each
@@ -36,6 +45,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkFilteredCpuHandler,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkSmallRowsCpuHandler,
                               (TopkHandler<kTopkSmallRowsTarget, RunOnThreadPool>::Call),
                               BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MergeTopkCpuHandler, (MergeHandler<MergeOnCallingThread>::Call),
+                              BindMergeOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace jax_topk
 
@@ -48,12 +59,15 @@ NB_MODULE(_jax_topk_cpu, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkFilteredCpuHandler));
     targets[jax_topk::kTopkSmallRowsTarget.name] =
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkSmallRowsCpuHandler));
+    targets[jax_topk::kMergeTopkTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::MergeTopkCpuHandler));
     return targets;
   });
   m.attr("MAX_K") = jax_topk::kMaxK;
   m.attr("MAX_BF16_WIDTH") = jax_topk::kMaxBf16Width;
   m.attr("SMALL_ROWS_MAX_WIDTH") = jax_topk::kSmallRowsMaxWidth;
   m.attr("SMALL_ROWS_MAX_K") = jax_topk::kSmallRowsMaxK;
+  m.attr("MAX_MERGE_WIDTH") = jax_topk::kMaxMergeWidth;
   m.def("filtered_workspace_bytes", &jax_topk::FilteredWorkspaceBytes, nb::arg("rows"),
         nb::arg("width"), nb::arg("k"),
         "Bytes of device workspace topk_filtered's CUDA kernel takes for this shape.");

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/merge_ffi.h"
 #include "ffi/topk_ffi.h"
+#include "kernels/merge_cuda.h"
 #include "kernels/topk_cuda.h"
 #include "nanobind/nanobind.h"
 
@@ -38,6 +40,10 @@ ffi::Error RunTopkFiltered(cudaStream_t stream, const TopkProblem& problem,
                                                          workspace->size_bytes(), stream));
 }
 
+ffi::Error RunMergeTopk(cudaStream_t stream, const MergeProblem& problem) {
+  return LaunchError("merge_topk", LaunchMergeTopk(problem, stream));
+}
+
 }  // namespace
 
 // Both handlers only enqueue work on XLA's stream (no host sync, no allocation), so XLA
@@ -58,6 +64,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    MergeTopkCudaHandler, (MergeHandler<RunMergeTopk>::Call),
+    BindMergeOperands(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    {ffi::Traits::kCmdBufferCompatible});
+
 }  // namespace jax_topk
 
 NB_MODULE(_jax_topk_cuda, m) {
@@ -69,6 +80,8 @@ NB_MODULE(_jax_topk_cuda, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkFilteredCudaHandler));
     targets[jax_topk::kTopkSmallRowsTarget.name] =
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkSmallRowsCudaHandler));
+    targets[jax_topk::kMergeTopkTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::MergeTopkCudaHandler));
     return targets;
   });
 }

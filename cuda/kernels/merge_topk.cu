@@ -1,0 +1,237 @@
+// merge_topk: the exact top-k of each row's candidate lists, one 512-thread block per row.
+// 1. Each candidate becomes a 64-bit rank key R = ordered key << 32 | ~column (larger R ranks
+//    first: higher value, then lower column); R = 0 marks an entry that is no candidate (column
+//    < 0 or NaN: every other ordered key is > 0). Rows of m <= kMaxStagedWidth keep R in shared
+//    memory, so the row is read from HBM once; longer rows recompute R from global each pass.
+// 2. Radix select on R, 8 bits a digit from the top (the 16 zero bits of 16-bit keys skipped):
+//    a shared histogram of the keys sharing the decided prefix, a warp scan from the top bin
+//    finds the digit of the k-th largest. It stops as soon as the boundary bin holds exactly the
+//    winners still needed, usually after the key's digits; ties go on into the column's.
+// 3. Keys above the prefix, and the needed ones equal to it (after all 8 digits those are equal
+//    (value, column) pairs, so which are taken cannot show), go to a shared list; one
+//    cub::BlockRadixSort orders it (R descending, or column then key) and one pass writes it.
+// Traffic: m x (value + 4 bytes) read once a row, k x (value + 4) written. Limits: merge_cuda.h.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cub/block/block_radix_sort.cuh>
+
+#include "common/topk_common.h"
+#include "common/value_traits.h"
+#include "kernels/merge_cuda.h"
+
+namespace jax_topk {
+namespace {
+
+constexpr int kThreadsPerBlock = 512;
+constexpr int kWarpSize = 32;
+constexpr int kSortItemsPerThread = kMaxK / kThreadsPerBlock;
+constexpr int kDigitBits = 8;
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kBinsPerLane = kBins / kWarpSize;
+constexpr int64_t kMaxStagedWidth = 16384;  // 128 KiB of rank keys in shared memory
+static_assert(kSortItemsPerThread * kThreadsPerBlock == kMaxK, "the sort holds k <= kMaxK");
+
+// The first digit of R worth visiting: 16-bit keys leave bits 48..63 zero.
+template <typename Values>
+constexpr int kTopShift = 32 + Values::kKeyBits - kDigitBits;
+
+template <typename Values>
+__device__ __forceinline__ uint64_t RankKey(const typename Values::Bits* values,
+                                            const int32_t* indices, int64_t j) {
+  const int32_t column = indices[j];
+  const typename Values::Bits bits = values[j];
+  if (column < 0 || Values::IsNan(bits)) return 0;
+  return (static_cast<uint64_t>(Values::Key(bits)) << 32) | static_cast<uint32_t>(~column);
+}
+
+// The block's shared state besides the staged keys (dynamic shared memory).
+struct MergeShared {
+  using Sort = cub::BlockRadixSort<uint64_t, kThreadsPerBlock, kSortItemsPerThread>;
+  union {
+    typename Sort::TempStorage sort;
+    uint64_t winners[kMaxK];  // rank keys of the winners, in no order
+  };
+  uint32_t histogram[kBins];
+  uint64_t prefix;        // the decided digits of the k-th largest R
+  uint64_t decided_mask;  // which bits of R are decided
+  int32_t needed;         // winners still to take among keys equal to the prefix
+  int32_t done;           // the boundary bin held exactly `needed`
+  int32_t candidates;     // valid entries in the row
+  int32_t winner_count;
+  int32_t equal_taken;
+};
+
+// Warp 0 finds, from the top bin down, the bin holding the needed-th largest key of the
+// histogram; lane L owns bins [kBins - 1 - L*kBinsPerLane - i] for i < kBinsPerLane.
+__device__ void FindBoundaryBin(MergeShared& shared, int shift) {
+  const int lane = threadIdx.x;
+  const int32_t needed = shared.needed;  // read by every lane before one lane writes it
+  int32_t counts[kBinsPerLane];
+  int32_t lane_total = 0;
+  for (int i = 0; i < kBinsPerLane; ++i) {
+    counts[i] = shared.histogram[kBins - 1 - lane * kBinsPerLane - i];
+    lane_total += counts[i];
+  }
+  int32_t inclusive = lane_total;
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int32_t other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  __syncwarp();
+  int32_t above = inclusive - lane_total;
+  if (above < needed && needed <= inclusive) {
+    for (int i = 0; i < kBinsPerLane; ++i) {
+      if (above + counts[i] >= needed) {
+        const uint64_t bin = kBins - 1 - lane * kBinsPerLane - i;
+        shared.needed = needed - above;
+        shared.done = counts[i] == needed - above;
+        shared.prefix |= bin << shift;
+        shared.decided_mask |= static_cast<uint64_t>(kBins - 1) << shift;
+        break;
+      }
+      above += counts[i];
+    }
+  }
+}
+
+template <typename Values>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    MergeTopkKernel(const typename Values::Bits* values, const int32_t* indices, int64_t width,
+                    int32_t k, bool sorted, typename Values::Bits* out_values,
+                    int32_t* out_indices) {
+  extern __shared__ uint64_t staged[];  // [width] when width <= kMaxStagedWidth
+  __shared__ MergeShared shared;
+  const int64_t row = blockIdx.x;
+  const bool is_staged = width <= kMaxStagedWidth;
+  values += row * width;
+  indices += row * width;
+  auto rank_key = [&](int64_t j) {
+    return is_staged ? staged[j] : RankKey<Values>(values, indices, j);
+  };
+
+  // 1. The rank keys, staged; the number of candidates.
+  if (threadIdx.x == 0) {
+    shared.candidates = 0;
+    shared.prefix = 0;
+    shared.decided_mask = 0;
+    shared.needed = k;
+    shared.done = 0;
+    shared.winner_count = 0;
+    shared.equal_taken = 0;
+  }
+  __syncthreads();
+  int32_t my_candidates = 0;
+  for (int64_t j = threadIdx.x; j < width; j += kThreadsPerBlock) {
+    const uint64_t key = RankKey<Values>(values, indices, j);
+    if (is_staged) staged[j] = key;
+    my_candidates += key != 0;
+  }
+  atomicAdd(&shared.candidates, my_candidates);
+  __syncthreads();
+  const int32_t candidates = shared.candidates;
+  const int32_t taken = candidates < k ? candidates : k;
+
+  // 2. Radix select, unless every candidate wins (then the empty prefix takes them all).
+  if (candidates <= k) {
+    if (threadIdx.x == 0) shared.needed = candidates;
+  } else {
+    for (int shift = kTopShift<Values>; shift >= 0; shift -= kDigitBits) {
+      for (int bin = threadIdx.x; bin < kBins; bin += kThreadsPerBlock) shared.histogram[bin] = 0;
+      __syncthreads();
+      const uint64_t prefix = shared.prefix;
+      const uint64_t decided_mask = shared.decided_mask;
+      for (int64_t j = threadIdx.x; j < width; j += kThreadsPerBlock) {
+        const uint64_t key = rank_key(j);
+        if (key != 0 && (key & decided_mask) == prefix)
+          atomicAdd(&shared.histogram[(key >> shift) & (kBins - 1)], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x < kWarpSize) FindBoundaryBin(shared, shift);
+      __syncthreads();
+      if (shared.done) break;
+    }
+  }
+  __syncthreads();
+
+  // 3. The winners: above the prefix, and `needed` equal to it.
+  const uint64_t prefix = shared.prefix;
+  const uint64_t decided_mask = shared.decided_mask;
+  const int32_t equal_quota = shared.needed;
+  for (int64_t j = threadIdx.x; j < width; j += kThreadsPerBlock) {
+    const uint64_t key = rank_key(j);
+    if (key == 0) continue;
+    const uint64_t decided = key & decided_mask;
+    if (decided > prefix || (decided == prefix && atomicAdd(&shared.equal_taken, 1) < equal_quota))
+      shared.winners[atomicAdd(&shared.winner_count, 1)] = key;
+  }
+  __syncthreads();
+
+  // Sort keys: R descending for rank order; column ascending then key descending otherwise.
+  // Unused slots get a key that sorts last.
+  uint64_t sort_keys[kSortItemsPerThread];
+  for (int i = 0; i < kSortItemsPerThread; ++i) {
+    const int slot = threadIdx.x * kSortItemsPerThread + i;
+    const uint64_t key = slot < taken ? shared.winners[slot] : 0;
+    if (sorted) {
+      sort_keys[i] = key;
+    } else {
+      const uint32_t column = ~static_cast<uint32_t>(key);
+      const uint32_t inverted_key = ~static_cast<uint32_t>(key >> 32);
+      sort_keys[i] = slot < taken ? (static_cast<uint64_t>(column) << 32 | inverted_key) : ~0ull;
+    }
+  }
+  __syncthreads();  // the winners' storage becomes the sort's
+  if (sorted) {
+    MergeShared::Sort(shared.sort).SortDescendingBlockedToStriped(sort_keys);
+  } else {
+    MergeShared::Sort(shared.sort).SortBlockedToStriped(sort_keys);
+  }
+  out_values += row * k;
+  out_indices += row * k;
+  for (int i = 0; i < kSortItemsPerThread; ++i) {
+    const int slot = i * kThreadsPerBlock + threadIdx.x;  // striped: coalesced stores
+    if (slot >= k) continue;
+    const uint64_t key = sort_keys[i];
+    const uint32_t ordered =
+        static_cast<uint32_t>(sorted ? key >> 32 : ~static_cast<uint32_t>(key));
+    const int32_t column = static_cast<int32_t>(sorted ? ~static_cast<uint32_t>(key) : key >> 32);
+    const bool filled = slot < taken;
+    out_indices[slot] = filled ? column : kEmptySlot;
+    out_values[slot] = filled ? Values::FromKey(ordered) : Values::kEmpty;
+  }
+}
+
+template <typename Values>
+cudaError_t Launch(const MergeProblem& p, cudaStream_t stream) {
+  const size_t staged_bytes = p.width <= kMaxStagedWidth ? p.width * sizeof(uint64_t) : 0;
+  const auto kernel = MergeTopkKernel<Values>;
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kMaxStagedWidth * sizeof(uint64_t)));
+  if (status != cudaSuccess) return status;
+  kernel<<<static_cast<unsigned>(p.rows), kThreadsPerBlock, staged_bytes, stream>>>(
+      static_cast<const typename Values::Bits*>(p.values), p.indices, p.width, p.k, p.sorted,
+      static_cast<typename Values::Bits*>(p.out_values), p.out_indices);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchMergeTopk(const MergeProblem& problem, cudaStream_t stream) {
+  if (problem.k < 1 || problem.k > kMaxK || problem.k > problem.width ||
+      problem.width > kMaxMergeWidth || problem.rows > 0x7FFFFFFF)
+    return cudaErrorInvalidValue;
+  if (problem.rows == 0) return cudaSuccess;
+  switch (problem.score_type) {
+    case ScoreType::kFloat32:
+      return Launch<F32Values>(problem, stream);
+    case ScoreType::kBfloat16:
+      return Launch<Bf16Values>(problem, stream);
+    case ScoreType::kFloat16:
+      return Launch<F16Values>(problem, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jax_topk

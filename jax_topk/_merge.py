@@ -1,0 +1,161 @@
+"""`jax_topk.merge_topk` (docs/contract.md section 8): candidate lists [..., m] (values and
+global int32 columns, -1 for none) merged into the exact top-k of their union.
+
+The primitive `merge_p` takes 2-D [rows, m] values and indices and returns (values,
+indices) [rows, k]; vmap folds the batch into the rows; on several devices it runs through
+`custom_partitioning`, each device merging its own rows. It lowers to the FFI target
+`jax_topk_merge` (the CPU handler, the CUDA kernel) or, on other platforms and when
+forced, to `_fallback.merge`. The public function routes other dtypes, k > 2048 and
+m > 64 x 2048 to `_fallback.merge` directly: the same result, by a full sort.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend import core
+from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding, PartitionSpec
+
+from . import _checks, _compat, _fallback, _jax_topk_cpu
+from ._contract import FAST_DTYPES, MAX_K
+from ._lowering import uses_fallback
+
+MAX_MERGE_WIDTH = _jax_topk_cpu.MAX_MERGE_WIDTH  # the kernel's longest candidate list
+TARGET = "jax_topk_merge"
+
+merge_p = core.Primitive("jax_topk_merge")
+merge_p.multiple_results = True
+
+
+def _shape_rule(values, indices, *, k: int, sorted: bool, local: bool):
+    del sorted, local
+    rows = values.shape[0]
+    return (
+        jax.core.ShapedArray((rows, k), values.dtype),
+        jax.core.ShapedArray((rows, k), np.int32),
+    )
+
+
+def _batch(args, dims, **params):
+    """vmap: the mapped axis becomes more rows."""
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+    def rows_first(x, d):
+        x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        return x.reshape(size * x.shape[1], x.shape[2])
+
+    values, indices = (rows_first(x, d) for x, d in zip(args, dims))
+    results = merge_p.bind(values, indices, **params)
+    return [r.reshape(size, -1, params["k"]) for r in results], [0, 0]
+
+
+def _handler_lowering(ctx, values, indices, *, k: int, sorted: bool):
+    return jax.ffi.ffi_lowering(TARGET)(
+        ctx, values, indices, k=np.int32(k), sorted=np.bool_(sorted)
+    )
+
+
+_fallback_lowering = mlir.lower_fun(
+    lambda values, indices, *, k, sorted: _fallback.merge(values, indices, k=k, sorted=sorted),
+    multiple_results=True,
+)
+
+
+# Row sharding: on several devices each merges its own rows (m whole on each device).
+def _bind_local(k: int, sorted: bool, values, indices):
+    return tuple(merge_p.bind(values, indices, k=k, sorted=sorted, local=True))
+
+
+_partitioned_merge = custom_partitioning(_bind_local, static_argnums=(0, 1))
+
+
+def _row_sharding(mesh, arg_shapes):
+    values = arg_shapes[0]
+    sharding = values.sharding
+    entry = sharding.spec[0] if isinstance(sharding, NamedSharding) and sharding.spec else None
+    axes = entry if isinstance(entry, tuple) or entry is None else (entry,)
+    if axes is not None and values.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        axes = None  # rows not split evenly: every device merges every row
+    return NamedSharding(mesh, PartitionSpec(axes, None))
+
+
+def _partition(k, sorted, mesh, arg_shapes, result_shape):
+    del result_shape
+    sharding = _row_sharding(mesh, arg_shapes)
+    return mesh, partial(_bind_local, k, sorted), (sharding, sharding), (sharding, sharding)
+
+
+def _infer(k, sorted, mesh, arg_shapes, result_shape):
+    del k, sorted, result_shape
+    return (_row_sharding(mesh, arg_shapes),) * 2
+
+
+_partitioned_merge.def_partition(
+    partition=_partition,
+    infer_sharding_from_operands=_infer,
+    sharding_rule=lambda *_: ("r m, r m -> r k, r k", {"need_replication_factors": ("m",)}),
+)
+
+
+def _platform_lowering(platform: str):
+    """`local`: the call is already one device's (inside a partitioned function)."""
+
+    def lowering(ctx, values, indices, *, k: int, sorted: bool, local: bool):
+        if not local and _compat.lowering_num_devices(ctx) > 1:
+            return mlir.lower_fun(partial(_partitioned_merge, k, sorted), multiple_results=True)(
+                ctx, values, indices
+            )
+        if platform is None or uses_fallback(platform, "merge_topk"):
+            return _fallback_lowering(ctx, values, indices, k=k, sorted=sorted)
+        return _handler_lowering(ctx, values, indices, k=k, sorted=sorted)
+
+    return lowering
+
+
+_compat.define_eager_impl(merge_p)
+merge_p.def_abstract_eval(_shape_rule)
+batching.primitive_batchers[merge_p] = _batch
+mlir.register_lowering(merge_p, _platform_lowering(None))  # every platform without a handler
+mlir.register_lowering(merge_p, _platform_lowering("cpu"), platform="cpu")
+mlir.register_lowering(merge_p, _platform_lowering("cuda"), platform="cuda")
+_compat.require_devices_during_lowering(merge_p)
+
+
+def merge_2d(values, indices, *, k: int, sorted: bool, local: bool = False):
+    """(values, indices) [rows, k] of 2-D candidate lists, by the kernel where it serves.
+    `local`: called inside a partitioned function, on one device's rows."""
+    m = values.shape[1]
+    if values.dtype in FAST_DTYPES and k <= MAX_K and m <= MAX_MERGE_WIDTH:
+        return tuple(merge_p.bind(values, indices, k=k, sorted=sorted, local=local))
+    return _fallback.merge(values, indices, k=k, sorted=sorted)
+
+
+def merge_topk(values, indices, k, *, sorted=True):
+    """The exact top-k of the union of candidate lists: (values [..., k], indices [..., k]).
+
+    `values` [..., m] (float32, bfloat16, float16 on the fast path; float64 and integers
+    exact through a slower one) and `indices` int32 [..., m] are the candidates of each row,
+    e.g. the concatenated results of top_k over chunks of the row, columns already global.
+    An entry whose index is negative (-1: an empty slot) or whose value is NaN is not a
+    candidate. The winners rank as in top_k: value in IEEE total order descending, equal
+    values by ascending column. Columns are assumed distinct (a repeated column may be
+    selected twice). `1 <= k <= m`; slots past the candidates hold index -1 and value -inf
+    (an integer dtype's minimum). `sorted=True`: rank order; `sorted=False`: ascending
+    columns. Equals `top_k` over the union.
+    """
+    values = jnp.asarray(values)
+    indices = jnp.asarray(indices)
+    leading, m = _checks.check_merge_operands(values, indices)
+    k = _checks.check_top_k_k(k, m, op="merge_topk", width="m")
+    sorted = _checks.check_sorted("merge_topk", sorted)
+    rows = int(np.prod(leading, dtype=np.int64))
+    merged_values, merged_indices = merge_2d(
+        values.reshape(rows, m), indices.reshape(rows, m), k=k, sorted=sorted
+    )
+    return merged_values.reshape(*leading, k), merged_indices.reshape(*leading, k)

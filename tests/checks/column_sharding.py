@@ -1,0 +1,174 @@
+"""Run in its own process by tests/test_sharding.py (`python -m tests.checks.column_sharding`),
+with 8 host devices: every operator with the scores' columns sharded over 2, 4 and 8 devices,
+and rows x columns on 2 x 4, equals the unsharded call bit for bit over adversarial rows,
+and the compiled HLO moves only the candidates between devices, never the scores."""
+
+import os
+import re
+
+# The device count is fixed when JAX starts: set it before jax is imported.
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_topk  # noqa: E402
+from tests.support import families  # noqa: E402
+from tests.support.operators import OPS, SCORE_DTYPES, permuted_page_table  # noqa: E402
+
+INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+ROWS, N, PAGE_SIZE = 32, 1000, 8  # N / 8 = 125: every split below is even
+# (mesh shape, axis names, the scores' spec); the last two split rows and columns at once.
+LAYOUTS = [
+    ((2,), ("model",), P(None, "model"), jax.sharding.AxisType.Explicit),
+    ((4,), ("model",), P(None, "model"), jax.sharding.AxisType.Explicit),
+    ((8,), ("model",), P(None, "model"), jax.sharding.AxisType.Auto),
+    ((2, 4), ("data", "model"), P("data", "model"), jax.sharding.AxisType.Explicit),
+    ((2, 4), ("data", "model"), P("data", "model"), jax.sharding.AxisType.Auto),
+]
+COLLECTIVES = ("all-gather", "all-to-all", "collective-permute")
+
+
+def winners_on_one_shard(rng, shape, dtype):
+    """Ties everywhere, and every row's best values inside one 125-column shard."""
+    values = rng.integers(-2, 3, size=shape).astype(np.float32)
+    for row, shard in enumerate(rng.integers(0, 8, size=shape[0])):
+        values[row, shard * 125 : (shard + 1) * 125] += 8.0
+    return values.astype(dtype)
+
+
+def adversarial_rows(rng, dtype):
+    """Rows of ties on every shard (heavy_ties, constant), winners on one shard, signed
+    zeros, NaN and raw bit patterns."""
+    named = ["heavy_ties", "constant", "signed_zeros", "nan_mix", "random_bits"]
+    rows = [families.make(f, rng, (ROWS, N), dtype) for f in named]
+    return [*rows, winners_on_one_shard(rng, (ROWS, N), np.dtype(dtype))]
+
+
+def boundary_lengths(rng):
+    """Lengths ending just before, at and just after each 125-column shard boundary (so
+    some shards hold a few columns, fewer than k), and the extremes."""
+    boundaries = np.arange(0, N + 1, 125)
+    special = np.concatenate([boundaries - 1, boundaries, boundaries + 3])
+    special = np.concatenate([special, [INT32_MIN, INT32_MAX, -5]])[:ROWS]
+    lengths = rng.integers(0, N + 1, size=ROWS)
+    lengths[: len(special)] = special
+    return rng.permutation(lengths).astype(np.int32)
+
+
+def assert_same_bits(got, want, msg):
+    got, want = np.asarray(got), np.asarray(want)
+    bits = f"uint{got.dtype.itemsize * 8}"
+    np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=msg)
+
+
+def assert_only_candidates_move(fn, args, local_n):
+    """No collective in the compiled HLO has a shape with a dimension of n or the local n:
+    only the [rows, devices * k] candidates cross devices."""
+    hlo = fn.lower(*args).compile().as_text()
+    moved = []
+    for line in hlo.splitlines():
+        op = next((c for c in COLLECTIVES if f" {c}(" in line or f" {c}-start(" in line), None)
+        if op is None:
+            continue
+        result = line.split(f" {op}")[0]
+        dims = {
+            int(d) for shape in re.findall(r"\[([\d,]*)\]", result) for d in shape.split(",") if d
+        }
+        if dims & {N, local_n}:
+            moved.append(line.strip()[:160])
+    assert not moved, "the scores crossed devices:\n" + "\n".join(moved)
+    return sum(1 for line in hlo.splitlines() if " all-gather" in line)
+
+
+def check_layout(shape, names, spec, axis_type, rng):
+    mesh = jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
+    row_axis = spec[0]
+    local_n = N // mesh.shape["model"]
+
+    def put(x, x_spec):
+        return jax.device_put(x, NamedSharding(mesh, x_spec))
+
+    checks = gathers = 0
+    lengths = boundary_lengths(rng)
+    sharded_lengths = put(lengths, P(row_axis))
+    table = permuted_page_table(rng, ROWS, N // PAGE_SIZE + 1)
+    shared_table = permuted_page_table(rng, 3, N // PAGE_SIZE + 1)
+    table_rows = rng.integers(-2, 5, size=ROWS).astype(np.int32)
+    for op in OPS:
+        rows = adversarial_rows(rng, SCORE_DTYPES[op])
+        # A per-row page table and a traced num_valid_rows, ascending columns.
+        fn = jax.jit(
+            lambda s, lens, t, v, op=op: OPS[op](
+                s, lens, k=40, page_table=t, page_size=PAGE_SIZE, num_valid_rows=v
+            )
+        )
+        sharded_table = put(table, P(row_axis, None))
+        for index, scores in enumerate(rows):
+            valid = (ROWS, 0, 13, 17, -1, INT32_MAX)[index]
+            got = fn(put(scores, spec), sharded_lengths, sharded_table, np.int32(valid))
+            want = fn(scores, lengths, table, np.int32(valid))
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"{op} {index}")
+            checks += 1
+        args = (put(rows[0], spec), sharded_lengths, sharded_table, np.int32(5))
+        gathers += assert_only_candidates_move(fn, args, local_n)
+        # A shared page table with table_rows, rank order, k past the 125 columns of a
+        # shard on 8 devices.
+        fn = jax.jit(
+            lambda s, lens, t, tr, op=op: OPS[op](
+                s, lens, k=150, page_table=t, page_size=PAGE_SIZE, table_rows=tr, sorted=True
+            )
+        )
+        for index, scores in enumerate(rows[:3]):
+            got = fn(put(scores, spec), sharded_lengths, shared_table, put(table_rows, P(row_axis)))
+            want = fn(scores, lengths, shared_table, table_rows)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"{op} {index}")
+            checks += 1
+    # top_k through each of its kernels: small rows (k = 16), the register kernel (16-bit,
+    # k = 40), the filtered kernel (float32, k = 40); values too.
+    for dtype, k in (("float32", 16), ("float32", 40), ("bfloat16", 40), ("float16", 40)):
+        fn = jax.jit(lambda x, lens, k=k: jax_topk.top_k(x, k, lengths=lens))
+        for index, operand in enumerate(adversarial_rows(rng, dtype)):
+            got = fn(put(operand, spec), sharded_lengths)
+            want = fn(operand, lengths)
+            for g, w in zip(got, want):
+                assert_same_bits(g, w, f"top_k {dtype} k={k} {index}")
+            checks += 1
+        gathers += assert_only_candidates_move(fn, (put(operand, spec), sharded_lengths), local_n)
+    assert gathers > 0, "no candidates were gathered: the columns were not split"
+    return checks
+
+
+def check_row_sharded_merge(rng):
+    """merge_topk on candidates split by rows: each device merges its own rows."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows = NamedSharding(mesh, P("data", None))
+    values = families.make("heavy_ties", rng, (ROWS, 256), "float32")
+    indices = np.stack([rng.permutation(N)[:256] for _ in range(ROWS)]).astype(np.int32)
+    indices[:, ::5] = -1
+    fn = jax.jit(lambda v, i: jax_topk.merge_topk(v, i, 40))
+    sharded = (jax.device_put(values, rows), jax.device_put(indices, rows))
+    got = fn(*sharded)
+    for g, w in zip(got, fn(values, indices)):
+        assert_same_bits(g, w, "row-sharded merge_topk")
+    assert got[1].sharding.spec[0] == "data", got[1].sharding
+    hlo = fn.lower(*sharded).compile().as_text()
+    assert not [line for line in hlo.splitlines() if any(f" {c}" in line for c in COLLECTIVES)]
+    return 1
+
+
+def main():
+    assert len(jax.devices()) == 8, jax.devices()
+    rng = np.random.default_rng(31)
+    checks = sum(check_layout(*layout, rng) for layout in LAYOUTS)
+    checks += check_row_sharded_merge(rng)
+    print(
+        f"column sharding: {checks} sharded calls equal the unsharded ones, "
+        "only the candidates cross devices"
+    )
+
+
+if __name__ == "__main__":
+    main()

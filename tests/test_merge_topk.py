@@ -1,0 +1,213 @@
+"""jax_topk.merge_topk (docs/contract.md section 8): the exact top-k of the union of
+candidate lists equals top_k over that union, on every backend, for every value family,
+with -1 entries, lists of unequal fill, ties across lists and NaN; the exact path for other
+dtypes; vmap; trace-time errors."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_topk
+from tests.support import families
+from tests.support.operators import device_for
+
+FAST_DTYPES = ["float32", "bfloat16", "float16"]
+
+
+@functools.cache
+def _jitted_merge(k, sorted):
+    return jax.jit(lambda v, i: jax_topk.merge_topk(v, i, k, sorted=sorted))
+
+
+@functools.cache
+def _jitted_top_k(k, sorted):
+    return jax.jit(lambda x, lengths: jax_topk.top_k(x, k, lengths=lengths, sorted=sorted))
+
+
+def run_merge(backend, values, indices, k, sorted=True):
+    device = device_for(backend)
+    out = _jitted_merge(k, sorted)(jax.device_put(values, device), jax.device_put(indices, device))
+    return tuple(np.asarray(o) for o in out)
+
+
+def cpu_top_k(operand, k, lengths=None, sorted=True):
+    """top_k on the CPU handler: the contract merge_topk is checked against."""
+    cpu = jax.devices("cpu")[0]
+    if lengths is not None:
+        lengths = jax.device_put(np.asarray(lengths, np.int32), cpu)
+    out = _jitted_top_k(k, sorted)(jax.device_put(operand, cpu), lengths)
+    return tuple(np.asarray(o) for o in out)
+
+
+def assert_same(actual, expected, msg=""):
+    """Indices equal and values equal as raw bits (-0.0 and +0.0 differ)."""
+    (values, indices), (want_values, want_indices) = actual, expected
+    np.testing.assert_array_equal(indices, want_indices, err_msg=msg)
+    assert values.dtype == want_values.dtype, msg
+    bits = f"uint{values.dtype.itemsize * 8}"
+    np.testing.assert_array_equal(values.view(bits), want_values.view(bits), err_msg=msg)
+
+
+def random_lists(rng, rows, n, lists, per_list, dtype, family):
+    """Candidate lists [rows, lists * per_list] of distinct global columns from [0, n), each
+    list filled to its own random count (the rest -1 with garbage values, huge ones
+    included), the entries shuffled; and the dense union [rows, n] (NaN at every column in
+    no list, so top_k skips it)."""
+    row_values = families.make(family, rng, (rows, n), dtype)
+    garbage = families.make("infinities", rng, (rows, lists * per_list), dtype)
+    values = garbage.copy()
+    indices = np.full((rows, lists * per_list), -1, np.int32)
+    union = np.full((rows, n), np.nan, np.float32).astype(dtype)
+    for r in range(rows):
+        columns = rng.permutation(n)[: lists * per_list]
+        for list_index in range(lists):
+            fill = int(rng.integers(0, per_list + 1))
+            slots = slice(list_index * per_list, list_index * per_list + fill)
+            indices[r, slots] = columns[slots]
+        slot_order = rng.permutation(lists * per_list)
+        indices[r] = indices[r, slot_order]
+        present = indices[r] >= 0
+        values[r, present] = row_values[r, indices[r, present]]
+        union[r, indices[r, present]] = values[r, present]
+    return values, indices, union
+
+
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("lists,per_list,k", [(1, 7, 7), (3, 40, 33), (8, 64, 64), (5, 300, 1)])
+def test_equals_top_k_over_the_union(backend, dtype, lists, per_list, k):
+    """Random lists of unequal fill with -1 entries: every family (NaN, ties, signed zeros,
+    infinities, raw bits), both orders."""
+    rng = np.random.default_rng(lists * 1000 + per_list + k)
+    n = 4 * lists * per_list + 3
+    for family in families.FAMILIES:
+        values, indices, union = random_lists(rng, 6, n, lists, per_list, dtype, family)
+        for sorted_ in (True, False):
+            got = run_merge(backend, values, indices, k, sorted_)
+            assert_same(got, cpu_top_k(union, k, sorted=sorted_), f"{family} sorted={sorted_}")
+
+
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+def test_chunked_top_k_merges_into_one_call(backend, dtype):
+    """The split-KV use: top_k over column chunks of unequal width (lengths ending inside,
+    at and before each chunk), columns made global, merged: one top_k over the whole row.
+    Ties across chunks (constant, heavy ties) rank the lower global column first."""
+    rng = np.random.default_rng(7)
+    rows, k = 10, 24
+    bounds = [0, 30, 31, 100, 164, 300]
+    n = bounds[-1]
+    for family in families.FAMILIES:
+        operand = families.make(family, rng, (rows, n), dtype)
+        lengths = np.array([-3, 0, 1, 30, 31, 99, 100, 163, 250, 400], np.int32)
+        chunk_values, chunk_indices = [], []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            local = np.clip(np.clip(lengths, 0, n) - start, 0, end - start)
+            values, indices = cpu_top_k(operand[:, start:end], min(k, end - start), local, False)
+            chunk_values.append(values)
+            chunk_indices.append(np.where(indices >= 0, indices + start, -1).astype(np.int32))
+        values, indices = np.concatenate(chunk_values, 1), np.concatenate(chunk_indices, 1)
+        for sorted_ in (True, False):
+            got = run_merge(backend, values, indices, k, sorted_)
+            assert_same(got, cpu_top_k(operand, k, lengths, sorted_), f"{family} {sorted_}")
+
+
+def test_k_past_the_candidates_and_empty_rows(backend):
+    values = np.array([[1.0, np.nan, 2.0, 5.0], [7.0, 7.0, 7.0, 7.0]], np.float32)
+    indices = np.array([[3, 0, -1, 9], [-1, -1, -1, -1]], np.int32)
+    got_values, got_indices = run_merge(backend, values, indices, 4)
+    np.testing.assert_array_equal(got_indices, [[9, 3, -1, -1], [-1, -1, -1, -1]])
+    np.testing.assert_array_equal(got_values, [[5.0, 1.0, -np.inf, -np.inf], [-np.inf] * 4])
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint8", "int64", "float64"])
+def test_other_dtypes_take_the_exact_path(backend, dtype):
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(8)
+        if dtype == "float64":
+            bits = rng.integers(0, 2**63, size=(4, 90), dtype=np.uint64) * np.uint64(2)
+            row_values = bits.view(np.float64)
+        else:
+            info = np.iinfo(dtype)
+            row_values = rng.integers(info.min, info.max, size=(4, 90), dtype=dtype)
+            row_values[1] = row_values[1, 0]  # all ties
+        indices = np.stack([rng.permutation(90)[:60] for _ in range(4)]).astype(np.int32)
+        indices[:, ::7] = -1
+        values = np.take_along_axis(row_values, np.maximum(indices, 0), 1)
+        union = row_values.copy()
+        lengths = None
+        if dtype != "float64":  # integers have no NaN: keep only the union's columns
+            order = np.argsort(np.where(indices >= 0, indices, 1 << 20), 1)
+            columns = np.take_along_axis(indices, order, 1)
+            union = np.take_along_axis(row_values, np.maximum(columns, 0), 1)
+            lengths = (columns >= 0).sum(1)
+        else:
+            mask = np.ones(union.shape, bool)
+            for r in range(4):
+                mask[r, indices[r][indices[r] >= 0]] = False
+            union[mask] = np.nan
+        for sorted_ in (True, False):
+            got = run_merge(backend, values, indices, 20, sorted_)
+            want_values, want_indices = cpu_top_k(union, 20, lengths, sorted_)
+            if dtype != "float64":  # positions in the compacted union back to columns
+                want_indices = np.where(
+                    want_indices >= 0,
+                    np.take_along_axis(columns, np.maximum(want_indices, 0), 1),
+                    -1,
+                )
+                if not sorted_:
+                    order = np.argsort(np.where(want_indices >= 0, want_indices, 1 << 20), 1)
+                    want_indices = np.take_along_axis(want_indices, order, 1)
+                    want_values = np.take_along_axis(want_values, order, 1)
+            assert_same(got, (want_values, want_indices), f"sorted={sorted_}")
+
+
+def test_vmap_and_leading_shapes(backend):
+    rng = np.random.default_rng(9)
+    values, indices, _ = random_lists(rng, 12, 200, 4, 20, "bfloat16", "heavy_ties")
+    device = device_for(backend)
+    values, indices = jax.device_put(values, device), jax.device_put(indices, device)
+    direct = jax_topk.merge_topk(values.reshape(3, 4, 80), indices.reshape(3, 4, 80), 10)
+    mapped = jax.vmap(lambda v, i: jax_topk.merge_topk(v, i, 10))(
+        values.reshape(3, 4, 80), indices.reshape(3, 4, 80)
+    )
+    flat = jax_topk.merge_topk(values, indices, 10)
+    for a, b, c in zip(direct, mapped, flat):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a).reshape(12, 10), np.asarray(c))
+    one = jax_topk.merge_topk(values[0], indices[0], 10)
+    assert one[0].shape == (10,)
+    np.testing.assert_array_equal(np.asarray(one[1]), np.asarray(flat[1][0]))
+
+
+def test_trace_time_errors():
+    values, indices = jnp.zeros((2, 10), jnp.float32), jnp.zeros((2, 10), jnp.int32)
+    with pytest.raises(ValueError, match=r"merge_topk: k=11.*m=10"):
+        jax_topk.merge_topk(values, indices, 11)
+    with pytest.raises(ValueError, match=r"k=0"):
+        jax_topk.merge_topk(values, indices, 0)
+    with pytest.raises(TypeError, match=r"indices must be int32"):
+        jax_topk.merge_topk(values, indices.astype(jnp.int16), 2)
+    with pytest.raises(ValueError, match=r"one shape"):
+        jax_topk.merge_topk(values, indices[:, :5], 2)
+    with pytest.raises(TypeError, match=r"complex64"):
+        jax_topk.merge_topk(values.astype(jnp.complex64), indices, 2)
+    with pytest.raises(TypeError, match=r"sorted must be a Python bool"):
+        jax_topk.merge_topk(values, indices, 2, sorted=None)
+    with pytest.raises(ValueError, match=r"m >= 1"):
+        jax_topk.merge_topk(jnp.float32(1.0), jnp.int32(1), 1)
+
+
+def test_running_top_k_example():
+    """examples/running_top_k.py: a running top-k inside lax.scan equals one top_k (the
+    example asserts it)."""
+    path = Path(__file__).parents[1] / "examples" / "running_top_k.py"
+    spec = importlib.util.spec_from_file_location("running_top_k", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main()
