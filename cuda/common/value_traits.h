@@ -1,7 +1,7 @@
-// How each value type of the merge reads as an ordered key (common/topk_common.h) and back,
-// for the CPU merge and the CUDA merge kernel alike. bfloat16 and float16 share the 16-bit
-// key transform and differ in NaN and -inf. The key transform is a bijection on the bits,
-// so a value rebuilt from its key has exactly its input bits.
+// How each score or value type reads as an ordered key (common/topk_common.h) and back, and
+// what an empty slot's value holds: for the CPU top-k, the CPU merge and the merge kernel. bfloat16
+// and float16 share the 16-bit key transform and differ in NaN and -inf. The key transform is a
+// bijection on the bits, so a value rebuilt from its key has exactly its input bits.
 #pragma once
 
 #include <cstdint>

@@ -14,32 +14,21 @@
 #include <vector>
 
 #include "common/topk_common.h"
+#include "common/value_traits.h"
 
 namespace jax_topk {
 namespace {
 
-// How each score type reads as an ordered key, the radix digits (high to low) that cover
-// that key, and the bits an empty slot's value holds. bfloat16 and float16 share the
-// 16-bit key transform; only their NaN (and -inf) differ.
-struct Bf16Scores {
-  using Bits = uint16_t;
-  static constexpr int kDigitBits[] = {8, 8};
-  static bool IsNan(Bits bits) { return IsNanBf16(bits); }
-  static uint32_t Key(Bits bits) { return OrderedKeyBf16(bits); }
-  static constexpr int kKeyBits = 16;
-  static constexpr Bits kNegInf = kNegInfBf16Bits;
+// The radix digits (high to low) that cover a key of each width.
+template <int kKeyBits>
+struct RadixDigits;
+template <>
+struct RadixDigits<16> {
+  static constexpr int kBits[] = {8, 8};
 };
-struct F16Scores : Bf16Scores {
-  static bool IsNan(Bits bits) { return IsNanF16(bits); }
-  static constexpr Bits kNegInf = kNegInfF16Bits;
-};
-struct F32Scores {
-  using Bits = uint32_t;
-  static constexpr int kDigitBits[] = {11, 11, 10};
-  static bool IsNan(Bits bits) { return IsNanF32(bits); }
-  static uint32_t Key(Bits bits) { return OrderedKeyF32(bits); }
-  static constexpr int kKeyBits = 32;
-  static constexpr Bits kNegInf = kNegInfF32Bits;
+template <>
+struct RadixDigits<32> {
+  static constexpr int kBits[] = {11, 11, 10};
 };
 
 struct Selected {
@@ -66,7 +55,8 @@ template <typename Scores>
 void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool sorted,
                RowScratch& scratch, int32_t* columns_out) {
   // Pass 1 over the row: histogram of the top digit of every candidate's key.
-  constexpr int kTopBits = Scores::kDigitBits[0];
+  constexpr auto& kDigitBits = RadixDigits<Scores::kKeyBits>::kBits;
+  constexpr int kTopBits = kDigitBits[0];
   constexpr int kTopShift = Scores::kKeyBits - kTopBits;
   scratch.histogram.assign(size_t{1} << kTopBits, 0);
   int64_t candidates = 0;
@@ -90,8 +80,8 @@ void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool
       if ((key >> kTopShift) == top_bin) keys.push_back(key);
     }
     int shift = kTopShift;
-    for (size_t d = 1; d < std::size(Scores::kDigitBits); ++d) {
-      const int digit_bits = Scores::kDigitBits[d];
+    for (size_t d = 1; d < std::size(kDigitBits); ++d) {
+      const int digit_bits = kDigitBits[d];
       const uint32_t mask = (1u << digit_bits) - 1;
       shift -= digit_bits;
       scratch.histogram.assign(size_t{1} << digit_bits, 0);
@@ -135,7 +125,7 @@ void TopkRows(const TopkProblem& p, int64_t first_row, int64_t end_row, RowScrat
       std::fill(out, out + p.k, kEmptySlot);
       if (p.values != nullptr) {
         auto* values = static_cast<typename Scores::Bits*>(p.values) + r * p.k;
-        std::fill(values, values + p.k, Scores::kNegInf);
+        std::fill(values, values + p.k, Scores::kEmpty);
       }
       continue;
     }
@@ -145,7 +135,7 @@ void TopkRows(const TopkProblem& p, int64_t first_row, int64_t end_row, RowScrat
     if (p.values != nullptr) {  // before the page transform: the slots still hold columns
       auto* values = static_cast<typename Scores::Bits*>(p.values) + r * p.k;
       for (int32_t s = 0; s < p.k; ++s)
-        values[s] = out[s] == kEmptySlot ? Scores::kNegInf : row[out[s]];
+        values[s] = out[s] == kEmptySlot ? Scores::kEmpty : row[out[s]];
     }
     if (p.page_table == nullptr) continue;
     const int32_t* table_row = p.page_table + TableRowFor(r, p.table_rows, p.table_count) * p.pages;
@@ -205,11 +195,11 @@ void TopkParallel(const TopkProblem& p, const ScheduleTask& schedule, int64_t po
 void TopkCpu(const TopkProblem& problem, const ScheduleTask& schedule, int64_t pool_threads) {
   switch (problem.score_type) {
     case ScoreType::kFloat32:
-      return TopkParallel<F32Scores>(problem, schedule, pool_threads);
+      return TopkParallel<F32Values>(problem, schedule, pool_threads);
     case ScoreType::kBfloat16:
-      return TopkParallel<Bf16Scores>(problem, schedule, pool_threads);
+      return TopkParallel<Bf16Values>(problem, schedule, pool_threads);
     case ScoreType::kFloat16:
-      return TopkParallel<F16Scores>(problem, schedule, pool_threads);
+      return TopkParallel<F16Values>(problem, schedule, pool_threads);
   }
 }
 
