@@ -1,9 +1,10 @@
-"""CI's smoke test of an installed jax_topk (.ci/run): both operators on the CPU against
+"""CI's smoke test of an installed jax_topk (.ci/run): every operator on the CPU against
 jax.lax.top_k, and what the build recorded.
 
     python .ci/smoke.py [--cuda]
 
---cuda: the CUDA extension must be built and hand JAX both handlers (no GPU needed).
+--cuda: the CUDA extension must be built and hand JAX a handler for every target the CPU
+module has (no GPU needed).
 Run from outside the source tree, so that the installed package is the one imported.
 """
 
@@ -18,16 +19,15 @@ import jaxlib.version
 import numpy as np
 
 import jax_topk
-from jax_topk import _build_info
-
-TARGETS = {"jax_topk_bf16", "jax_topk_filtered"}
+from jax_topk import _build_info, _jax_topk_cpu
 
 
 def check_cuda_extension() -> None:
     assert _build_info.CUDA_TOOLKIT, f"no CUDA extension: {_build_info.CUDA_SKIPPED_BECAUSE}"
     module = importlib.import_module("jax_topk._jax_topk_cuda")
     registrations = module.registrations()
-    assert set(registrations) == TARGETS, sorted(registrations)
+    targets = set(_jax_topk_cpu.registrations())
+    assert set(registrations) == targets, (sorted(registrations), sorted(targets))
     print(f"CUDA extension built with {_build_info.CUDA_TOOLKIT}; registers {sorted(registrations)}")
 
 
@@ -44,6 +44,15 @@ def check_operators() -> None:
         _, expected = jax.lax.top_k(scores, k)
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(expected), err_msg=name)
         print(f"{name}: {rows} x {n}, k = {k}, equal to jax.lax.top_k")
+    for n in (256, 3000, 20000):  # top_k's small-row, register and filtered routes
+        scores = jax.random.normal(key_bf16, (rows, n), jnp.bfloat16)
+        values, indices = jax.jit(lambda s: jax_topk.top_k(s, k))(scores)
+        expected_values, expected = jax.lax.top_k(scores, k)
+        np.testing.assert_array_equal(np.asarray(indices), np.asarray(expected))
+        np.testing.assert_array_equal(np.asarray(values), np.asarray(expected_values))
+        merged = jax_topk.merge_topk(values, indices, k // 2)
+        np.testing.assert_array_equal(np.asarray(merged[1]), np.asarray(expected[:, : k // 2]))
+        print(f"top_k and merge_topk: {rows} x {n}, k = {k}, equal to jax.lax.top_k")
 
 
 def main() -> None:
