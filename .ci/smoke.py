@@ -28,7 +28,8 @@ def check_cuda_extension() -> None:
     registrations = module.registrations()
     targets = set(_jax_topk_cpu.registrations())
     assert set(registrations) == targets, (sorted(registrations), sorted(targets))
-    print(f"CUDA extension built with {_build_info.CUDA_TOOLKIT}; registers {sorted(registrations)}")
+    toolkit = _build_info.CUDA_TOOLKIT
+    print(f"CUDA extension built with {toolkit}; registers {sorted(registrations)}")
 
 
 def check_operators() -> None:
@@ -44,7 +45,7 @@ def check_operators() -> None:
         _, expected = jax.lax.top_k(scores, k)
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(expected), err_msg=name)
         print(f"{name}: {rows} x {n}, k = {k}, equal to jax.lax.top_k")
-    for n in (256, 3000, 20000):  # top_k's small-row, register and filtered routes
+    for n, k in ((256, 8), (3000, 64), (20000, 64)):  # top_k's three kernels' routes
         scores = jax.random.normal(key_bf16, (rows, n), jnp.bfloat16)
         values, indices = jax.jit(lambda s: jax_topk.top_k(s, k))(scores)
         expected_values, expected = jax.lax.top_k(scores, k)
