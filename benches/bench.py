@@ -83,7 +83,7 @@ class Shape:
 
 
 def gpu_shapes() -> list[Shape]:
-    """The grid of shared/BENCH.md, in the order of the results table."""
+    """The grid of benches/README.md, in the order of the results table."""
     shapes = [
         Shape("topk_bf16", "bfloat16", rows, 16384, 512, lengths, 64)
         for rows in (1, 32, 128, 512, 2048)

@@ -88,7 +88,7 @@ def valid_rows(rows: int, num_valid_rows):
 
 
 def select(scores, lengths, num_valid_rows, *, k: int, sorted: bool, has_num_valid_rows: bool):
-    """The selected columns, int32 [rows, k], -1 past the candidates (SPEC section 4)."""
+    """The selected columns, int32 [rows, k], -1 past the candidates (docs/contract.md section 4)."""
     rows, n = scores.shape
     if rows == 0:
         return jnp.full((0, k), EMPTY_SLOT, jnp.int32)

@@ -262,7 +262,7 @@ void TimeShape(ScoreType type, int64_t rows, int64_t width, int k, bool sorted, 
   CHECK_CUDA(cudaEventDestroy(stop));
 }
 
-// Bytes read plus written per microsecond by a large device-to-device copy (BENCH.md's floor).
+// Bytes read plus written per microsecond by a large device-to-device copy (benches/README.md's floor).
 double CopyBytesPerUs() {
   constexpr size_t kBytes = size_t{512} << 20;
   void* a = nullptr;
