@@ -16,7 +16,7 @@ import pytest
 
 import jax_topk
 from tests.support import families
-from tests.support.operators import device_for
+from tests.support.operators import device_for, gpu_devices
 
 FAST_DTYPES = ["float32", "bfloat16", "float16"]
 
@@ -211,3 +211,60 @@ def test_running_top_k_example():
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     example.main()
+
+
+def wide_lists(rng, lists, per_list, dtype, family, layout):
+    """Rows of `lists` candidate lists of `per_list` each, as column-sharded top_k results
+    arrive (list l holds columns of shard l, ascending), one row a layout: `unequal` (each
+    list filled to its own count, the rest -1 with garbage values), `same_everywhere` (equal
+    values on every list), `one_list_wins` (the other lists far below), `repeated` (every
+    list a copy of the first: equal (value, column) pairs)."""
+    shard = 2 * per_list
+    columns = np.stack(
+        [np.sort(rng.permutation(shard)[:per_list]) + shard * s for s in range(lists)]
+    ).astype(np.int32)
+    values = families.make(family, rng, (lists, per_list), dtype)
+    if layout == "unequal":
+        for s in range(lists):
+            fill = int(rng.integers(0, per_list + 1))
+            columns[s, fill:] = -1
+            values[s, fill:] = families.make("infinities", rng, (per_list - fill,), dtype)
+    elif layout == "same_everywhere":
+        values[:] = values[0]
+    elif layout == "one_list_wins":
+        values[1:] = np.array(-1e30, np.float32).astype(dtype)
+    elif layout == "repeated":
+        values[:], columns[:] = values[0], columns[0]
+    return values.reshape(-1), columns.reshape(-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize(
+    "lists,per_list,k",
+    [
+        (8, 2048, 2048),
+        (8, 2048, 1),
+        (8, 2048, 333),
+        (1, 2048, 2048),
+        (64, 256, 2048),
+        (3, 1999, 1500),
+        (2, 5, 3),
+        (64, 2048, 2048),
+    ],
+)
+def test_wide_rows_gpu_equals_cpu(dtype, lists, per_list, k):
+    """The CUDA kernels against the CPU handler bit for bit, up to 16384 candidates a row (the
+    row-in-registers kernel, widths not a multiple of 4 included) and past it: every value
+    family in every layout, both orders."""
+    rng = np.random.default_rng(lists * 7 + per_list + k)
+    rows = [
+        wide_lists(rng, lists, per_list, dtype, family, layout)
+        for family in families.FAMILIES
+        for layout in ("unequal", "same_everywhere", "one_list_wins", "repeated")
+    ]
+    values, indices = np.stack([v for v, _ in rows]), np.stack([i for _, i in rows])
+    for sorted_ in (True, False):
+        got = run_merge("gpu", values, indices, k, sorted_)
+        assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")

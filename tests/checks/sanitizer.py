@@ -1,6 +1,9 @@
 """A representative call of each CUDA kernel (top_k's routes with values included), small
 enough to run under compute-sanitizer (`compute-sanitizer python -m tests.checks.sanitizer`,
-see .ci/gpu): checks the result against the CPU handler too, bit for bit."""
+see .ci/gpu; `... sanitizer merge` runs merge_topk's alone): checks the result against the
+CPU handler too, bit for bit."""
+
+import sys
 
 import jax
 import numpy as np
@@ -26,9 +29,36 @@ def _periodic_rows(rng, rows, n):
     return scores
 
 
+def _merge_cases(gpu, cpu, rng):
+    """merge_topk: the row-in-registers kernel (8 lists of 2048; a width not a multiple of 4;
+    tied rows) and the one past 16384 candidates, with -1 entries and NaN."""
+    cases = [(32, 16384, 2048), (16, 5997, 1500), (4, 40000, 2048)]
+    for rows, m, k in cases:
+        values = rng.standard_normal((rows, m), np.float32)
+        values[::3] = np.round(values[::3])
+        values[1::4, ::5] = np.nan
+        indices = rng.permutation(rows * m).reshape(rows, m).astype(np.int32)
+        indices[:, ::7] = -1
+        for dtype in (np.float32, jax.numpy.bfloat16):
+            for sorted_ in (True, False):
+                call = jax.jit(lambda v, i, k=k, o=sorted_: jax_topk.merge_topk(v, i, k, sorted=o))
+                inputs = (values.astype(dtype), indices)
+                got = call(*jax.device_put(inputs, gpu))
+                want = call(*jax.device_put(inputs, cpu))
+                for a, b in zip(got, want):
+                    a, b = np.asarray(a), np.asarray(b)
+                    np.testing.assert_array_equal(
+                        a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")
+                    )
+
+
 def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(60)
+    _merge_cases(gpu, cpu, rng)
+    if sys.argv[1:] == ["merge"]:  # merge_topk's kernels alone
+        print("sanitizer cases (merge_topk): ok")
+        return
     cases = [
         (
             jax_topk.topk_bf16,
