@@ -187,8 +187,7 @@ template <typename Values>
 __global__ void __launch_bounds__(kThreads, 1)
     MergeInRegistersKernel(const typename Values::Bits* values, const int32_t* indices,
                            int64_t rows, int64_t width, int32_t k, bool sorted, bool vector_loads,
-                           int prefetch_rows, bool skip_sort, typename Values::Bits* out_values,
-                           int32_t* out_indices) {
+                           typename Values::Bits* out_values, int32_t* out_indices) {
   using Bits = typename Values::Bits;
   __shared__ Shared s;
   for (int j = threadIdx.x; j < kBins; j += kThreads) s.hist[j] = 0;
@@ -201,11 +200,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       s.equal_taken = 0;
       s.key_min = s.column_min = 0xFFFFFFFFu;
       s.key_max = s.column_max = 0;
-      for (int ahead = 1; ahead <= prefetch_rows; ++ahead) {
-        const int64_t next = row + ahead * grid;
-        if (next >= rows) break;
-        PrefetchRange(values + next * width, width * sizeof(Bits));
-        PrefetchRange(indices + next * width, width * sizeof(int32_t));
+      if (row + grid < rows) {
+        PrefetchRange(values + (row + grid) * width, width * sizeof(Bits));
+        PrefetchRange(indices + (row + grid) * width, width * sizeof(int32_t));
       }
     }
     // 1. The row: key 0 marks no candidate (column < 0, NaN, past the row); every other
@@ -334,13 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       row_out_indices[slot] = filled ? static_cast<int32_t>(column) : kEmptySlot;
       row_out_values[slot] = filled ? Values::FromKey(key) : Values::kEmpty;
     };
-    if (skip_sort) {  // experiment only: the cost of the sort
-      for (int slot = threadIdx.x; slot < k; slot += kThreads) {
-        row_out_indices[slot] = slot < taken ? s.winners.columns[slot] : kEmptySlot;
-        row_out_values[slot] =
-            slot < taken ? Values::FromKey(s.winners.keys[slot]) : Values::kEmpty;
-      }
-    } else if (bits <= 32) {
+    if (bits <= 32) {
       SortAndWrite<uint32_t, Shared::Sort32>(
           s.sort32, s, taken, bits, sorted, static_cast<uint32_t>(sorted ? 0 : flag),
           [&](uint32_t key, int32_t column) { return static_cast<uint32_t>(encode(key, column)); },

@@ -1,4 +1,5 @@
-// merge_topk: the exact top-k of each row's candidate lists, one 512-thread block per row.
+// merge_topk for rows of m > 16384 candidates (shorter rows: merge_in_registers.cuh), one
+// 512-thread block per row.
 // 1. Each candidate becomes a 64-bit rank key R = ordered key << 32 | ~column (larger R ranks
 //    first: higher value, then lower column); R = 0 marks an entry that is no candidate (column
 //    < 0 or NaN: every other ordered key is > 0). Rows of m <= kMaxStagedWidth keep R in shared
@@ -17,8 +18,6 @@
 #include <cstdint>
 #include <cub/block/block_radix_sort.cuh>
 
-#include <cstdio>
-#include <cstdlib>
 #include "common/topk_common.h"
 #include "common/value_traits.h"
 #include "kernels/merge_cuda.h"
@@ -206,40 +205,31 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// Experiment switch (removed before merge): JAX_TOPK_MERGE_VARIANT = "old", or
-// "<grid per SM>,<prefetch rows>" for the register kernel.
+// Rows of m <= merge_registers::kMaxWidth: a persistent grid of one block an SM (the kernel's
+// registers allow no second), each pulling its next row into L2 while it works on this one.
 template <typename Values>
-cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream, int blocks_per_sm,
-                              int prefetch_rows, int skip_sort) {
+cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   using Bits = typename Values::Bits;
-  const auto kernel = merge_registers::MergeInRegistersKernel<Values>;
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
   int sms = 0;
   status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (status != cudaSuccess) return status;
-  const int64_t grid = blocks_per_sm <= 0                      ? p.rows
-                       : p.rows < int64_t{sms} * blocks_per_sm ? p.rows
-                                                               : int64_t{sms} * blocks_per_sm;
+  const int64_t grid = p.rows < sms ? p.rows : sms;
   const bool vector_loads = p.width % merge_registers::kChunk == 0 &&
                             reinterpret_cast<uintptr_t>(p.values) % (4 * sizeof(Bits)) == 0 &&
                             reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  kernel<<<static_cast<unsigned>(grid), merge_registers::kThreads, 0, stream>>>(
-      static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted, vector_loads,
-      prefetch_rows, skip_sort != 0, static_cast<Bits*>(p.out_values), p.out_indices);
+  merge_registers::MergeInRegistersKernel<Values>
+      <<<static_cast<unsigned>(grid), merge_registers::kThreads, 0, stream>>>(
+          static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted,
+          vector_loads, static_cast<Bits*>(p.out_values), p.out_indices);
   return cudaGetLastError();
 }
 
 template <typename Values>
 cudaError_t Launch(const MergeProblem& p, cudaStream_t stream) {
-  const char* variant = std::getenv("JAX_TOPK_MERGE_VARIANT");
-  int blocks_per_sm = 1, prefetch_rows = 1, skip_sort = 0;
-  const bool old = variant != nullptr && variant[0] == 'o';
-  if (variant != nullptr && !old)
-    std::sscanf(variant, "%d,%d,%d", &blocks_per_sm, &prefetch_rows, &skip_sort);
-  if (!old && p.width <= merge_registers::kMaxWidth)
-    return LaunchInRegisters<Values>(p, stream, blocks_per_sm, prefetch_rows, skip_sort);
+  if (p.width <= merge_registers::kMaxWidth) return LaunchInRegisters<Values>(p, stream);
   const size_t staged_bytes = p.width <= kMaxStagedWidth ? p.width * sizeof(uint64_t) : 0;
   const auto kernel = MergeTopkKernel<Values>;
   cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
