@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -232,7 +233,7 @@ def wide_lists(rng, lists, per_list, dtype, family, layout):
     elif layout == "same_everywhere":
         values[:] = values[0]
     elif layout == "one_list_wins":
-        values[1:] = np.array(-1e30, np.float32).astype(dtype)
+        values[1:] = ml_dtypes.finfo(dtype).min  # the lowest finite value
     elif layout == "repeated":
         values[:], columns[:] = values[0], columns[0]
     return values.reshape(-1), columns.reshape(-1)
