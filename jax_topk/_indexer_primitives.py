@@ -4,9 +4,10 @@
 Each takes the `IndexerOperands` of `_indexer_contract` (a leading batch dim of sequences)
 and the static `IndexerParams`, and returns one result. Rules: shape, batching (vmap adds
 sequences to the batch dim: q, keys, weights, lengths and key_scales together, an unmapped
-operand broadcast), JVP (indexer_topk's integer indices carry no tangent; indexer_logits
-has no JVP: a training loss recomputes the selected keys' logits in JAX), and lowering,
-through `_indexer_sharding` on several devices.
+operand broadcast), JVP (indexer_topk's integer indices carry no tangent; indexer_logits'
+tangent is that of the pure-JAX logits, which forms the [M, H, N] products: fine for tests
+and small problems, while a training loss should recompute only the selected keys' logits in
+JAX), and lowering, through `_indexer_sharding` on several devices.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat
+from . import _compat, _fallback
 from ._indexer_contract import LOGITS, TOPK, IndexerOperands, IndexerParams
 from ._indexer_lowering import indexer_call_p, native_operands
 from ._indexer_sharding import partitioned_call
@@ -73,6 +74,26 @@ def _jvp(primals, tangents, *, primitive, params: IndexerParams):
     return results, [ad.Zero(jax.core.ShapedArray(r.shape, jax.dtypes.float0)) for r in results]
 
 
+def _logits_jvp(primals, tangents, *, primitive, params: IndexerParams):
+    """The handler's logits; as tangent, the pure-JAX logits' tangent in q, keys, weights
+    and key_scales (relu's derivative taken where the pure-JAX dots are positive)."""
+    (logits,) = primitive.bind(*primals, params=params)
+    operands, tangents = IndexerOperands(*primals), IndexerOperands(*tangents)
+
+    def pure_logits(q, keys, weights, key_scales):
+        return _fallback.indexer_logits(
+            q, keys, weights, key_scales, operands.lengths, has_key_scales=params.has_key_scales
+        )
+
+    differentiable = ("q", "keys", "weights", "key_scales")
+    _, tangent = jax.jvp(
+        pure_logits,
+        tuple(getattr(operands, name) for name in differentiable),
+        tuple(ad.instantiate_zeros(getattr(tangents, name)) for name in differentiable),
+    )
+    return [logits], [tangent]
+
+
 def _direct_call(*operands, params: IndexerParams):
     operands = native_operands(IndexerOperands(*operands), params)
     return indexer_call_p.bind(*operands, params=params)
@@ -91,7 +112,7 @@ for _op, _primitive in PRIMITIVES.items():
     _compat.define_eager_impl(_primitive)
     _primitive.def_abstract_eval(_shape_rule)
     batching.primitive_batchers[_primitive] = partial(_batch, primitive=_primitive)
-    if _op == TOPK:
-        ad.primitive_jvps[_primitive] = partial(_jvp, primitive=_primitive)
+    jvp = _jvp if _op == TOPK else _logits_jvp
+    ad.primitive_jvps[_primitive] = partial(jvp, primitive=_primitive)
     mlir.register_lowering(_primitive, _lowering)
     _compat.require_devices_during_lowering(_primitive)
