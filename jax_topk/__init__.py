@@ -1,5 +1,6 @@
 """jax_topk: exact row-wise top-k for JAX, as XLA FFI custom calls: the sparse-attention
-indexer operators, `top_k`, the drop-in for `jax.lax.top_k`, and `merge_topk`, the exact
+indexer operators, the lightning indexer (`indexer_logits`, `indexer_topk`),
+`top_k`, the drop-in for `jax.lax.top_k`, and `merge_topk`, the exact
 merge of candidate lists."""
 
 from ._build_check import require_jaxlib_of_build
@@ -7,8 +8,16 @@ from ._build_check import require_jaxlib_of_build
 require_jaxlib_of_build()  # before _api registers any handler
 
 from ._api import topk_bf16, topk_filtered
+from ._indexer import indexer_logits, indexer_topk
 from ._merge import merge_topk
 from ._top_k import top_k
 
-__all__ = ["merge_topk", "top_k", "topk_bf16", "topk_filtered"]
+__all__ = [
+    "indexer_logits",
+    "indexer_topk",
+    "merge_topk",
+    "top_k",
+    "topk_bf16",
+    "topk_filtered",
+]
 __version__ = "0.1.0"

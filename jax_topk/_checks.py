@@ -10,12 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._contract import FAST_DTYPES, MAX_WIDTH, OPERATORS, Operands, Params
+from ._indexer_contract import INPUT_DTYPES
 
 
-def check_k(op: str, k) -> int:
+def check_k(op: str, k, max_k: int | None = None) -> int:
+    """k of an operator of OPERATORS (or of another with its own `max_k`)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"{op}: k must be a Python int, got {k!r} of type {type(k).__name__}")
-    max_k = OPERATORS[op].max_k
+    max_k = OPERATORS[op].max_k if max_k is None else max_k
     if not 1 <= k <= max_k:
         raise ValueError(f"{op}: k={k} is out of range; it must satisfy 1 <= k <= {max_k}")
     return int(k)
@@ -225,3 +227,42 @@ def shape_rule(*avals, params: Params):
             f"{rows} rows into equal groups"
         )
     return params.result_avals(operands)
+
+
+def check_indexer_inputs(op: str, q, keys, weights, key_scales) -> tuple[int, int, int, int]:
+    """The lightning indexer's arrays (docs/contract.md section 9): returns (M, H, D, N)."""
+    accepted = " or ".join(d.name for d in INPUT_DTYPES)
+    if q.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{op}: q must be {accepted}, got {q.dtype}")
+    if keys.dtype != q.dtype:
+        raise TypeError(f"{op}: keys must have q's dtype {q.dtype}, got {keys.dtype}")
+    if q.ndim != 3:
+        raise ValueError(f"{op}: q must be 3-D [M, H, D], got shape {tuple(q.shape)}")
+    queries, heads, head_dim = q.shape
+    if keys.ndim != 2 or keys.shape[1] != head_dim:
+        raise ValueError(
+            f"{op}: keys must be 2-D [N, D] with q's D={head_dim}, got shape {tuple(keys.shape)}"
+        )
+    keys_count = keys.shape[0]
+    if heads < 1 or head_dim < 1:
+        raise ValueError(f"{op}: q needs H >= 1 heads and D >= 1, got shape {tuple(q.shape)}")
+    if not 1 <= keys_count <= MAX_WIDTH:
+        raise ValueError(
+            f"{op}: keys has N={keys_count} rows; it must satisfy 1 <= N <= {MAX_WIDTH} "
+            "(the logits' row length, int32 column indices)"
+        )
+    if weights.dtype != jnp.float32:
+        raise TypeError(f"{op}: weights must be float32, got {weights.dtype}")
+    if tuple(weights.shape) != (queries, heads):
+        raise ValueError(
+            f"{op}: weights has shape {tuple(weights.shape)}, expected (M, H) = {(queries, heads)}"
+        )
+    if key_scales is not None:
+        if key_scales.dtype != jnp.float32:
+            raise TypeError(f"{op}: key_scales must be float32, got {key_scales.dtype}")
+        if tuple(key_scales.shape) != (keys_count,):
+            raise ValueError(
+                f"{op}: key_scales has shape {tuple(key_scales.shape)}, expected (N,) = "
+                f"{(keys_count,)}"
+            )
+    return queries, heads, head_dim, keys_count

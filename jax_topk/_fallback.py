@@ -26,6 +26,7 @@ import numpy as np
 from jax import lax
 
 from ._contract import Operands, Params
+from ._indexer_contract import LOGITS, IndexerOperands
 
 EMPTY_SLOT = -1
 
@@ -201,3 +202,62 @@ def merge(values, indices, *, k: int, sorted: bool):
             picked, ((0, 0), (0, k - width)), constant_values=empty_value(values.dtype)
         )
     return picked, columns
+
+
+def indexer_logits(q, keys, weights, key_scales, lengths, *, has_key_scales: bool):
+    """The lightning indexer's logits [B, M, N] (docs/contract.md section 9) in float32: q
+    and keys widened exactly, one float32 dot over D per (query head, key), the key scale,
+    relu, then the weighted heads added in ascending order (an explicit sum, so the order
+    is the same in every graph that computes them); -inf past each row's length."""
+    batch, queries, heads, head_dim = q.shape
+    keys_count = keys.shape[1]
+    dots = lax.dot_general(
+        q.astype(jnp.float32).reshape(batch, queries * heads, head_dim),
+        keys.astype(jnp.float32),
+        (((2,), (2,)), ((0,), (0,))),
+        precision=lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    ).reshape(batch, queries, heads, keys_count)
+    if has_key_scales:
+        dots = dots * key_scales[:, None, None, :]
+    relu = jnp.maximum(dots, 0.0)
+    logits = weights[:, :, 0, None] * relu[:, :, 0]
+    for head in range(1, heads):
+        logits = logits + weights[:, :, head, None] * relu[:, :, head]
+    columns = lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+    return jnp.where(columns < jnp.clip(lengths, 0, keys_count)[:, :, None], logits, -jnp.inf)
+
+
+def indexer_call(*operands, params):
+    """The indexer custom call's native operands (`_indexer_lowering.native_operands`) and
+    parameters in, its result out: the logits, or topk_filtered's selection of them."""
+    operands = IndexerOperands(*operands)
+    logits = indexer_logits(
+        operands.q,
+        operands.keys,
+        operands.weights,
+        operands.key_scales,
+        operands.lengths,
+        has_key_scales=params.has_key_scales,
+    )
+    if params.op == LOGITS:
+        return (logits,)
+    batch, queries, keys_count = logits.shape
+    rows = batch * queries
+    columns = select(
+        logits.reshape(rows, keys_count),
+        operands.lengths.reshape(rows),
+        operands.num_valid_rows,
+        k=params.k,
+        sorted=params.sorted,
+        has_num_valid_rows=params.has_num_valid_rows,
+    )
+    if params.has_page_table and rows:
+        columns = page_transform(
+            columns,
+            operands.page_table,
+            operands.table_rows,
+            log2_page_size=params.log2_page_size,
+            has_table_rows=params.has_table_rows,
+        )
+    return (columns.reshape(batch, queries, params.k),)

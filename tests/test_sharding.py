@@ -16,6 +16,7 @@ REPO_ROOT = Path(__file__).parents[1]
     [
         ("tests.checks.sharding", "no all-gather of scores"),
         ("tests.checks.column_sharding", "only the candidates cross devices"),
+        ("tests.checks.indexer_sharding", "no all-gather"),
     ],
 )
 def test_sharded_calls_equal_unsharded_without_moving_scores(check, summary):

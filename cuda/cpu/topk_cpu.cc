@@ -6,11 +6,7 @@
 #include "cpu/topk_cpu.h"
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <iterator>
-#include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common/topk_common.h"
@@ -31,18 +27,6 @@ struct RadixDigits<32> {
   static constexpr int kBits[] = {11, 11, 10};
 };
 
-struct Selected {
-  uint32_t key;
-  int32_t column;
-};
-
-// Per-thread buffers, reused across the rows a thread handles.
-struct RowScratch {
-  std::vector<uint32_t> boundary_keys;  // keys sharing the boundary's prefix so far
-  std::vector<uint32_t> histogram;
-  std::vector<Selected> selected;
-};
-
 // Walks a histogram from the top bin down to the bin holding the `needed`-th largest key;
 // returns that bin and leaves in `needed` how many to take from it.
 uint32_t BoundaryBin(const std::vector<uint32_t>& histogram, int64_t* needed) {
@@ -53,7 +37,7 @@ uint32_t BoundaryBin(const std::vector<uint32_t>& histogram, int64_t* needed) {
 
 template <typename Scores>
 void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool sorted,
-               RowScratch& scratch, int32_t* columns_out) {
+               TopkRowScratch& scratch, int32_t* columns_out) {
   // Pass 1 over the row: histogram of the top digit of every candidate's key.
   constexpr auto& kDigitBits = RadixDigits<Scores::kKeyBits>::kBits;
   constexpr int kTopBits = kDigitBits[0];
@@ -98,7 +82,7 @@ void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool
   }
 
   // Pass 3: everything above the boundary, and the lowest columns equal to it.
-  std::vector<Selected>& selected = scratch.selected;
+  std::vector<TopkRowScratch::Selected>& selected = scratch.selected;
   selected.clear();
   for (int64_t j = 0; j < length; ++j) {
     if (Scores::IsNan(row[j])) continue;
@@ -109,88 +93,61 @@ void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool
   }
   if (sorted) {  // rank order: key descending; stable keeps equal keys by ascending column
     std::stable_sort(selected.begin(), selected.end(),
-                     [](const Selected& a, const Selected& b) { return a.key > b.key; });
+                     [](const TopkRowScratch::Selected& a, const TopkRowScratch::Selected& b) {
+                       return a.key > b.key;
+                     });
   }
   int32_t slot = 0;
-  for (const Selected& s : selected) columns_out[slot++] = s.column;
+  for (const TopkRowScratch::Selected& s : selected) columns_out[slot++] = s.column;
   for (; slot < k; ++slot) columns_out[slot] = kEmptySlot;
 }
 
+// Row r's results from its scores `row` (read only when the row is valid).
 template <typename Scores>
-void TopkRows(const TopkProblem& p, int64_t first_row, int64_t end_row, RowScratch& scratch) {
+void TopkRow(const TopkProblem& p, int64_t r, const typename Scores::Bits* row,
+             TopkRowScratch& scratch) {
+  int32_t* out = p.out + r * p.k;
+  auto* values =
+      p.values == nullptr ? nullptr : static_cast<typename Scores::Bits*>(p.values) + r * p.k;
+  if (!RowIsValid(r, p.num_valid_rows, p.rows_per_group)) {
+    std::fill(out, out + p.k, kEmptySlot);
+    if (values != nullptr) std::fill(values, values + p.k, Scores::kEmpty);
+    return;
+  }
+  const int64_t length = ClampLength(p.lengths[r], p.width);
+  SelectRow<Scores>(row, length, p.k, p.sorted, scratch, out);
+  if (values != nullptr) {  // before the page transform: the slots still hold columns
+    for (int32_t s = 0; s < p.k; ++s)
+      values[s] = out[s] == kEmptySlot ? Scores::kEmpty : row[out[s]];
+  }
+  if (p.page_table == nullptr) return;
+  const int32_t* table_row = p.page_table + TableRowFor(r, p.table_rows, p.table_count) * p.pages;
+  for (int32_t s = 0; s < p.k && out[s] != kEmptySlot; ++s) {
+    out[s] = PageTransform(out[s], table_row, p.log2_page_size);
+  }
+}
+
+template <typename Scores>
+void TopkRows(const TopkProblem& p, int64_t first_row, int64_t end_row, TopkRowScratch& scratch) {
   const auto* scores = static_cast<const typename Scores::Bits*>(p.scores);
-  for (int64_t r = first_row; r < end_row; ++r) {
-    int32_t* out = p.out + r * p.k;
-    if (!RowIsValid(r, p.num_valid_rows, p.rows_per_group)) {
-      std::fill(out, out + p.k, kEmptySlot);
-      if (p.values != nullptr) {
-        auto* values = static_cast<typename Scores::Bits*>(p.values) + r * p.k;
-        std::fill(values, values + p.k, Scores::kEmpty);
-      }
-      continue;
-    }
-    const int64_t length = ClampLength(p.lengths[r], p.width);
-    const typename Scores::Bits* row = scores + r * p.width;
-    SelectRow<Scores>(row, length, p.k, p.sorted, scratch, out);
-    if (p.values != nullptr) {  // before the page transform: the slots still hold columns
-      auto* values = static_cast<typename Scores::Bits*>(p.values) + r * p.k;
-      for (int32_t s = 0; s < p.k; ++s)
-        values[s] = out[s] == kEmptySlot ? Scores::kEmpty : row[out[s]];
-    }
-    if (p.page_table == nullptr) continue;
-    const int32_t* table_row = p.page_table + TableRowFor(r, p.table_rows, p.table_count) * p.pages;
-    for (int32_t s = 0; s < p.k && out[s] != kEmptySlot; ++s) {
-      out[s] = PageTransform(out[s], table_row, p.log2_page_size);
-    }
-  }
+  for (int64_t r = first_row; r < end_row; ++r)
+    TopkRow<Scores>(p, r, scores + r * p.width, scratch);
 }
 
-// Rows handed out in small chunks from an atomic counter, so uneven lengths balance. Shared
-// with the helper tasks through a shared_ptr: a task that starts after the call returned
-// finds no rows left and touches nothing else.
-struct RowQueue {
-  explicit RowQueue(const TopkProblem& problem) : problem(problem) {}
-  const TopkProblem problem;
-  std::atomic<int64_t> next_row{0};
-  std::atomic<int64_t> rows_done{0};
-  std::mutex mutex;
-  std::condition_variable all_done;
-};
-
-template <typename Scores>
-void DrainRows(RowQueue& queue) {
-  constexpr int64_t kRowsPerChunk = 4;
-  const TopkProblem& p = queue.problem;
-  RowScratch scratch;
-  for (;;) {
-    const int64_t first = queue.next_row.fetch_add(kRowsPerChunk);
-    if (first >= p.rows) return;
-    const int64_t end = std::min(first + kRowsPerChunk, p.rows);
-    TopkRows<Scores>(p, first, end, scratch);
-    if (queue.rows_done.fetch_add(end - first) + (end - first) == p.rows) {
-      std::lock_guard<std::mutex> lock(queue.mutex);
-      queue.all_done.notify_all();
-    }
-  }
-}
-
-// The calling thread always works too and waits only for rows other threads have started,
-// never for a task the pool has not run: no deadlock when the pool is busy.
 template <typename Scores>
 void TopkParallel(const TopkProblem& p, const ScheduleTask& schedule, int64_t pool_threads) {
-  constexpr int64_t kMinElementsPerThread = 1 << 16;
-  const int64_t work = p.rows * std::max<int64_t>(p.width, 1);
-  const int64_t helpers = std::clamp<int64_t>(work / kMinElementsPerThread - 1, 0, pool_threads);
-  auto queue = std::make_shared<RowQueue>(p);
-  for (int64_t t = 0; t < helpers; ++t) {
-    schedule([queue]() { DrainRows<Scores>(*queue); });
-  }
-  DrainRows<Scores>(*queue);
-  std::unique_lock<std::mutex> lock(queue->mutex);
-  queue->all_done.wait(lock, [&]() { return queue->rows_done.load() == p.rows; });
+  ParallelRows<TopkRowScratch>(p.rows, p.width, schedule, pool_threads,
+                               [&p](TopkRowScratch& scratch, int64_t first, int64_t end) {
+                                 TopkRows<Scores>(p, first, end, scratch);
+                               });
 }
 
 }  // namespace
+
+void TopkCpuFloat32Row(const TopkProblem& problem, int64_t row, const float* scores_row,
+                       TopkRowScratch& scratch) {
+  TopkRow<F32Values>(problem, row, reinterpret_cast<const uint32_t*>(scores_row), scratch);
+}
 
 void TopkCpu(const TopkProblem& problem, const ScheduleTask& schedule, int64_t pool_threads) {
   switch (problem.score_type) {

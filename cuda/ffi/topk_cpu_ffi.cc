@@ -5,8 +5,10 @@
 
 #include "common/topk_common.h"
 #include "common/topk_filtered_workspace.h"
+#include "cpu/indexer_cpu.h"
 #include "cpu/merge_cpu.h"
 #include "cpu/topk_cpu.h"
+#include "ffi/indexer_ffi.h"
 #include "ffi/merge_ffi.h"
 #include "ffi/topk_ffi.h"
 #include "nanobind/nanobind.h"
@@ -17,11 +19,22 @@ namespace jax_topk {
 namespace {
 
 // The rows run on XLA's CPU thread pool (its intra-op threads) and the calling thread.
+ScheduleTask ScheduleOn(ffi::ThreadPool& thread_pool) {
+  return [&thread_pool](std::function<void()> task) { thread_pool.Schedule(std::move(task)); };
+}
+
 ffi::Error RunOnThreadPool(ffi::ThreadPool thread_pool, const TopkProblem& problem) {
-  const ScheduleTask schedule = [&](std::function<void()> task) {
-    thread_pool.Schedule(std::move(task));
-  };
-  TopkCpu(problem, schedule, thread_pool.num_threads());
+  TopkCpu(problem, ScheduleOn(thread_pool), thread_pool.num_threads());
+  return ffi::Error::Success();
+}
+
+ffi::Error IndexerLogitsOnThreadPool(ffi::ThreadPool thread_pool, const IndexerCall& call) {
+  IndexerLogitsCpu(call.logits, ScheduleOn(thread_pool), thread_pool.num_threads());
+  return ffi::Error::Success();
+}
+
+ffi::Error IndexerTopkOnThreadPool(ffi::ThreadPool thread_pool, const IndexerCall& call) {
+  IndexerTopkCpu(call.logits, call.selection, ScheduleOn(thread_pool), thread_pool.num_threads());
   return ffi::Error::Success();
 }
 
@@ -47,6 +60,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkSmallRowsCpuHandler,
                               BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MergeTopkCpuHandler, (MergeHandler<MergeOnCallingThread>::Call),
                               BindMergeOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IndexerLogitsCpuHandler,
+    (IndexerHandler<kIndexerLogitsTarget, Float32Buffer, IndexerLogitsOnThreadPool>::Call),
+    BindIndexerOperands<Float32Buffer>(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IndexerTopkCpuHandler,
+    (IndexerHandler<kIndexerTopkTarget, Int32Buffer, IndexerTopkOnThreadPool>::Call),
+    BindIndexerOperands<Int32Buffer>(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 }  // namespace jax_topk
 
@@ -61,6 +82,10 @@ NB_MODULE(_jax_topk_cpu, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkSmallRowsCpuHandler));
     targets[jax_topk::kMergeTopkTarget.name] =
         nb::capsule(reinterpret_cast<void*>(jax_topk::MergeTopkCpuHandler));
+    targets[jax_topk::kIndexerLogitsTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::IndexerLogitsCpuHandler));
+    targets[jax_topk::kIndexerTopkTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::IndexerTopkCpuHandler));
     return targets;
   });
   m.attr("MAX_K") = jax_topk::kMaxK;

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/indexer_ffi.h"
 #include "ffi/merge_ffi.h"
 #include "ffi/topk_ffi.h"
+#include "kernels/indexer_cuda.h"
 #include "kernels/merge_cuda.h"
 #include "kernels/topk_cuda.h"
 #include "nanobind/nanobind.h"
@@ -44,6 +46,35 @@ ffi::Error RunMergeTopk(cudaStream_t stream, const MergeProblem& problem) {
   return LaunchError("merge_topk", LaunchMergeTopk(problem, stream));
 }
 
+ffi::Error RunIndexerLogits(cudaStream_t stream, const IndexerCall& call) {
+  return LaunchError("indexer_logits", LaunchIndexerLogits(call.logits, stream));
+}
+
+// First version: the logits go to a workspace (an extra result of the custom call) and the
+// filtered kernel selects from it, so the indices are those of topk_filtered over
+// indexer_logits' bits by construction. The fused kernel that never writes the logits is
+// later work (issue 15).
+ffi::Error RunIndexerTopk(cudaStream_t stream, const IndexerCall& call,
+                          ffi::Result<ffi::AnyBuffer> logits_workspace,
+                          ffi::Result<ffi::AnyBuffer> selection_workspace) {
+  IndexerProblem logits = call.logits;
+  TopkProblem selection = call.selection;
+  const size_t logits_bytes = static_cast<size_t>(selection.rows) * selection.width * sizeof(float);
+  if (logits_workspace->size_bytes() < logits_bytes ||
+      selection_workspace->size_bytes() < kFilteredMinWorkspaceBytes)
+    return InvalidTopkCall(kIndexerTopkTarget, "the workspaces have ",
+                           logits_workspace->size_bytes(), " and ",
+                           selection_workspace->size_bytes(), " bytes, below ", logits_bytes,
+                           " and ", kFilteredMinWorkspaceBytes);
+  logits.logits = static_cast<float*>(logits_workspace->untyped_data());
+  selection.scores = logits.logits;
+  ffi::Error error = LaunchError("indexer_topk logits", LaunchIndexerLogits(logits, stream));
+  if (error.failure()) return error;
+  return LaunchError("indexer_topk selection",
+                     LaunchTopkFiltered(selection, selection_workspace->untyped_data(),
+                                        selection_workspace->size_bytes(), stream));
+}
+
 }  // namespace
 
 // Both handlers only enqueue work on XLA's stream (no host sync, no allocation), so XLA
@@ -69,6 +100,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     BindMergeOperands(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IndexerLogitsCudaHandler,
+    (IndexerHandler<kIndexerLogitsTarget, Float32Buffer, RunIndexerLogits>::Call),
+    BindIndexerOperands<Float32Buffer>(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    {ffi::Traits::kCmdBufferCompatible});
+// The two workspaces (logits, then selection) are results the Python lowering adds on CUDA.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IndexerTopkCudaHandler, (IndexerHandler<kIndexerTopkTarget, Int32Buffer, RunIndexerTopk>::Call),
+    BindIndexerOperands<Int32Buffer>(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
+        .Ret<ffi::AnyBuffer>()
+        .Ret<ffi::AnyBuffer>(),
+    {ffi::Traits::kCmdBufferCompatible});
+
 }  // namespace jax_topk
 
 NB_MODULE(_jax_topk_cuda, m) {
@@ -82,6 +126,10 @@ NB_MODULE(_jax_topk_cuda, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::TopkSmallRowsCudaHandler));
     targets[jax_topk::kMergeTopkTarget.name] =
         nb::capsule(reinterpret_cast<void*>(jax_topk::MergeTopkCudaHandler));
+    targets[jax_topk::kIndexerLogitsTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::IndexerLogitsCudaHandler));
+    targets[jax_topk::kIndexerTopkTarget.name] =
+        nb::capsule(reinterpret_cast<void*>(jax_topk::IndexerTopkCudaHandler));
     return targets;
   });
 }

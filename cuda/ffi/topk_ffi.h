@@ -133,22 +133,15 @@ inline std::string ScoreTypeNames(const TopkTarget& target) {
   return names.str();
 }
 
-// The shape rules are enforced at trace time; this re-checks what would make a handler
-// read out of bounds if a caller bypassed them.
-inline ffi::Error CheckTopkProblem(const TopkTarget& target, const TopkProblem& p,
-                                   const TopkOperands& operands) {
-  const int64_t lengths_size = operands.lengths.element_count();
-  const int64_t table_rows_size = operands.table_rows.element_count();
-  const int64_t groups = operands.num_valid_rows.element_count();
+// The checks of a problem's sizes against its operands' (lengths, table_rows and
+// num_valid_rows entries), shared with the indexer's selection (ffi/indexer_ffi.h).
+inline ffi::Error CheckTopkSizes(const TopkTarget& target, const TopkProblem& p,
+                                 int64_t lengths_size, int64_t table_rows_size, int64_t groups) {
   if (p.k < 1 || p.k > target.max_k)
     return InvalidTopkCall(target, "k = ", p.k, " is outside [1, ", target.max_k, "]");
   if (p.width > target.max_width)
     return InvalidTopkCall(target, "rows of ", p.width, " columns exceed its limit of ",
                            target.max_width);
-  if (p.values != nullptr && (operands.values.element_type() != operands.scores.element_type() ||
-                              operands.values.element_count() != static_cast<size_t>(p.rows) * p.k))
-    return InvalidTopkCall(target, "values must be [", p.rows, ", ", p.k,
-                           "] of the scores' element type");
   if (p.rows > 0 && lengths_size != p.rows)
     return InvalidTopkCall(target, "lengths has ", lengths_size, " entries for ", p.rows, " rows");
   if (p.page_table != nullptr) {
@@ -168,6 +161,40 @@ inline ffi::Error CheckTopkProblem(const TopkTarget& target, const TopkProblem& 
     return InvalidTopkCall(target, "num_valid_rows has ", groups, " entries, which do not divide ",
                            p.rows, " rows");
   return ffi::Error::Success();
+}
+
+// The shape rules are enforced at trace time; this re-checks what would make a handler
+// read out of bounds if a caller bypassed them.
+inline ffi::Error CheckTopkProblem(const TopkTarget& target, const TopkProblem& p,
+                                   const TopkOperands& operands) {
+  if (p.values != nullptr && (operands.values.element_type() != operands.scores.element_type() ||
+                              operands.values.element_count() != static_cast<size_t>(p.rows) * p.k))
+    return InvalidTopkCall(target, "values must be [", p.rows, ", ", p.k,
+                           "] of the scores' element type");
+  return CheckTopkSizes(target, p, operands.lengths.element_count(),
+                        operands.table_rows.element_count(),
+                        operands.num_valid_rows.element_count());
+}
+
+// The optional per-row operands into a problem whose rows are set: the page table (2-D
+// [table_count, pages]) and table_rows, and num_valid_rows' equal groups of rows.
+inline void DecodeRowOptions(Int32Buffer page_table, Int32Buffer table_rows,
+                             Int32Buffer num_valid_rows, bool has_page_table, bool has_table_rows,
+                             bool has_num_valid_rows, int32_t log2_page_size,
+                             TopkProblem* problem) {
+  TopkProblem& p = *problem;
+  if (has_page_table) {
+    p.page_table = page_table.typed_data();
+    p.table_count = page_table.dimensions()[0];
+    p.pages = page_table.dimensions()[1];
+    p.log2_page_size = log2_page_size;
+    if (has_table_rows) p.table_rows = table_rows.typed_data();
+  }
+  if (has_num_valid_rows) {
+    const int64_t groups = static_cast<int64_t>(num_valid_rows.element_count());
+    p.num_valid_rows = num_valid_rows.typed_data();
+    p.rows_per_group = groups > 0 && p.rows >= groups ? p.rows / groups : 1;
+  }
 }
 
 // The one decoding of a call: fills `problem` from XLA's buffers and checks it; a failure
@@ -190,18 +217,9 @@ inline ffi::Error DecodeTopkProblem(const TopkTarget& target, const TopkOperands
   p.lengths = operands.lengths.typed_data();
   p.k = attrs.k;
   p.sorted = attrs.sorted;
-  if (attrs.has_page_table) {
-    p.page_table = operands.page_table.typed_data();
-    p.table_count = operands.page_table.dimensions()[0];
-    p.pages = operands.page_table.dimensions()[1];
-    p.log2_page_size = attrs.log2_page_size;
-    if (attrs.has_table_rows) p.table_rows = operands.table_rows.typed_data();
-  }
-  if (attrs.has_num_valid_rows) {
-    const int64_t groups = static_cast<int64_t>(operands.num_valid_rows.element_count());
-    p.num_valid_rows = operands.num_valid_rows.typed_data();
-    p.rows_per_group = groups > 0 && p.rows >= groups ? p.rows / groups : 1;
-  }
+  DecodeRowOptions(operands.page_table, operands.table_rows, operands.num_valid_rows,
+                   attrs.has_page_table, attrs.has_table_rows, attrs.has_num_valid_rows,
+                   attrs.log2_page_size, &p);
   p.out = operands.out.typed_data();
   if (attrs.with_values) p.values = operands.values.untyped_data();
   return CheckTopkProblem(target, p, operands);

@@ -1,0 +1,19 @@
+// LaunchIndexerLogits: the one place that picks the kernel of indexer_logits (and of
+// indexer_topk's logits). For one problem on one device the choice is fixed, so the same
+// inputs give the same bits run to run, which indexer_topk's bit-exactness relies on.
+#include <cuda_runtime.h>
+
+#include "kernels/indexer_cuda.h"
+
+namespace jax_topk {
+
+cudaError_t LaunchIndexerLogits(const IndexerProblem& problem, cudaStream_t stream) {
+  // >>> The Hopper tensor-core kernel goes here (kernels/indexer_logits_wgmma.cu):
+  //   int device = 0;
+  //   if (cudaGetDevice(&device) == cudaSuccess && IndexerLogitsWgmmaSupports(problem, device))
+  //     return LaunchIndexerLogitsWgmma(problem, stream);
+  // <<< Until then every problem runs on the portable kernel.
+  return LaunchIndexerLogitsSimt(problem, stream);
+}
+
+}  // namespace jax_topk

@@ -1,0 +1,86 @@
+"""The lightning indexer's FFI custom call: the native operand form and per-platform
+lowering (docs/contract.md section 9).
+
+`native_operands` turns a call's `IndexerOperands` into what the handlers read: the page
+table flattened to [B * rows, pages] (the TopkProblem's table over B * M score rows) and
+table_rows offset into it, after clamping each into its own call's table. `indexer_call_p`,
+bound on that form inside the (possibly partitioned) lowering of the public primitives,
+lowers to the custom call of `IndexerParams.target`: the CPU handler, the CUDA handler or,
+everywhere else and when forced (`_lowering.forced_fallback`), `_fallback.indexer_call`.
+
+On CUDA, indexer_topk gets two workspaces as extra results (dropped at once, never seen by
+the user): the float32 logits [B * M * N] and topk_filtered's selection workspace. This
+first CUDA version still writes the logits to that workspace and selects from it with the
+filtered kernel; the fused kernel that keeps them on chip is later work (issue 15).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core
+from jax.interpreters import mlir
+
+from . import _compat, _fallback
+from ._indexer_contract import TOPK, IndexerOperands, IndexerParams
+from ._lowering import filtered_workspace_bytes, uses_fallback
+
+
+def native_operands(operands: IndexerOperands, params: IndexerParams) -> IndexerOperands:
+    """The handlers' form: page_table [B * rows, pages], table_rows int32 [B * M] naming
+    rows of that flat table (each clamped into its own call's [0, T) first)."""
+    if not params.has_page_table:
+        return operands
+    batch, count, pages = operands.page_table.shape
+    page_table = operands.page_table.reshape(batch * count, pages)
+    table_rows = operands.table_rows
+    if params.has_table_rows:
+        offsets = count * jnp.arange(batch, dtype=jnp.int32)[:, None]
+        table_rows = (jnp.clip(table_rows, 0, count - 1) + offsets).reshape(-1)
+    return operands._replace(page_table=page_table, table_rows=table_rows)
+
+
+def _shape_rule(*avals, params: IndexerParams):
+    return (params.result_aval(IndexerOperands(*avals)),)
+
+
+indexer_call_p = core.Primitive("jax_topk_indexer_call")
+indexer_call_p.multiple_results = True
+indexer_call_p.def_abstract_eval(_shape_rule)
+
+
+def _handler_lowering(ctx, *operands, params: IndexerParams, with_workspaces: bool):
+    if with_workspaces:
+        batch, queries = ctx.avals_in[0].shape[:2]
+        keys_count = ctx.avals_in[1].shape[1]
+        rows = batch * queries
+        ctx = _compat.with_extra_results(
+            ctx,
+            [
+                jax.core.ShapedArray((rows * keys_count,), np.float32),  # the logits
+                jax.core.ShapedArray(
+                    (filtered_workspace_bytes(rows, keys_count, params.k),), np.uint8
+                ),
+            ],
+        )
+    results = jax.ffi.ffi_lowering(params.target)(ctx, *operands, **params.ffi_attributes())
+    return results[:1]  # the workspaces are dropped
+
+
+_fallback_lowering = mlir.lower_fun(_fallback.indexer_call, multiple_results=True)
+
+
+def _platform_lowering(platform: str):
+    def lowering(ctx, *operands, params: IndexerParams):
+        if uses_fallback(platform, params.op):
+            return _fallback_lowering(ctx, *operands, params=params)
+        with_workspaces = platform == "cuda" and params.op == TOPK
+        return _handler_lowering(ctx, *operands, params=params, with_workspaces=with_workspaces)
+
+    return lowering
+
+
+mlir.register_lowering(indexer_call_p, _fallback_lowering)  # every platform without a handler
+mlir.register_lowering(indexer_call_p, _platform_lowering("cpu"), platform="cpu")
+mlir.register_lowering(indexer_call_p, _platform_lowering("cuda"), platform="cuda")

@@ -1,0 +1,82 @@
+"""The lightning indexer under test (docs/contract.md section 9): input families, the
+float64 reference of the logits and the accuracy bound, and running either operator under
+jit on a backend with its arrays placed there."""
+
+from __future__ import annotations
+
+import jax
+import ml_dtypes
+import numpy as np
+
+import jax_topk
+
+from .operators import device_for
+
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+TOLERANCE = {BF16: 2e-5, FP8: 2e-4}  # the SPEC's tol per input type
+TRACED = ("lengths", "key_scales", "page_table", "table_rows", "num_valid_rows")
+
+
+def make_inputs(rng, queries, heads, head_dim, keys_count, *, family="normal", dtype=BF16):
+    """(q, keys, weights) of one family:
+    - normal: random values;
+    - repeated_keys: the keys drawn from 3 distinct rows (many equal logits);
+    - zero_heads: repeated keys, and every other query row with all heads zero (relu and
+      the logits tie at 0, so the lowest columns win there);
+    - all_negative: every dot negative before relu (every logit 0);
+    - integers: small integers (exact sums, ties between different keys)."""
+    q = rng.standard_normal((queries, heads, head_dim)).astype(np.float32)
+    keys = rng.standard_normal((keys_count, head_dim)).astype(np.float32)
+    weights = rng.standard_normal((queries, heads)).astype(np.float32)
+    if family in ("repeated_keys", "zero_heads"):
+        keys = rng.standard_normal((3, head_dim)).astype(np.float32)[
+            rng.integers(0, 3, size=keys_count)
+        ]
+    if family == "zero_heads":
+        q[::2] = 0.0
+        q[1::2, ::2] = 0.0  # and some heads of the other rows
+    elif family == "all_negative":
+        q, keys = -np.abs(q), np.abs(keys)
+        weights = np.abs(weights) + 0.1
+    elif family == "integers":
+        q = rng.integers(-2, 3, size=q.shape).astype(np.float32)
+        keys = rng.integers(-2, 3, size=keys.shape).astype(np.float32)
+        weights = rng.integers(1, 4, size=weights.shape).astype(np.float32)
+    elif family != "normal" and family != "repeated_keys":
+        raise ValueError(family)
+    return q.astype(dtype), keys.astype(dtype), weights
+
+
+def reference_logits(q, keys, weights, lengths=None, key_scales=None):
+    """Float64 logits [M, N] and the SPEC's per-entry bound's scale
+    sum_h |w| * |scale| * sum_d |q * k| (-inf and 0 past the lengths)."""
+    q64, k64 = np.asarray(q).astype(np.float64), np.asarray(keys).astype(np.float64)
+    w64 = np.asarray(weights, np.float64)
+    scales = np.ones(k64.shape[0]) if key_scales is None else np.asarray(key_scales, np.float64)
+    dots = np.einsum("mhd,nd->mhn", q64, k64) * scales
+    magnitude = np.einsum("mhd,nd->mhn", np.abs(q64), np.abs(k64)) * np.abs(scales)
+    logits = np.einsum("mh,mhn->mn", w64, np.maximum(dots, 0.0))
+    scale = np.einsum("mh,mhn->mn", np.abs(w64), magnitude)
+    n = k64.shape[0]
+    if lengths is not None:
+        past = np.arange(n)[None, :] >= np.clip(np.asarray(lengths), 0, n)[:, None]
+        logits[past], scale[past] = -np.inf, 0.0
+    return logits, scale
+
+
+def run(fn, backend, q, keys, weights, **kwargs):
+    """Runs fn(q, keys, weights, **kwargs) under jit on one backend; arrays of TRACED names
+    are traced operands, the rest static."""
+    device = device_for(backend)
+    traced = {name: np.asarray(v) for name, v in kwargs.items() if name in TRACED and v is not None}
+    static = {name: v for name, v in kwargs.items() if name not in traced}
+    call = jax.jit(lambda a, b, c, t: fn(a, b, c, **t, **static))
+    args = jax.device_put((q, keys, weights, traced), device)
+    return np.asarray(call(*args))
+
+
+def logits_then_topk(q, keys, weights, lengths, *, key_scales=None, k=2048, **selection):
+    """What indexer_topk must equal bit for bit: topk_filtered of indexer_logits."""
+    logits = jax_topk.indexer_logits(q, keys, weights, lengths, key_scales=key_scales)
+    return jax_topk.topk_filtered(logits, lengths, k=k, **selection)

@@ -1,0 +1,174 @@
+"""docs/contract.md section 9 on every backend: indexer_topk equals topk_filtered of
+indexer_logits bit for bit over adversarial inputs, and indexer_logits is within the SPEC's
+bound of a float64 reference, the same bits every run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax_topk
+from tests.support.families import edge_lengths
+from tests.support.indexer import (
+    BF16,
+    FP8,
+    TOLERANCE,
+    logits_then_topk,
+    make_inputs,
+    reference_logits,
+    run,
+)
+from tests.support.operators import permuted_page_table
+
+HEADS, HEAD_DIM = 4, 32
+FAMILIES = ["normal", "repeated_keys", "zero_heads", "all_negative", "integers"]
+
+
+def _assert_topk_matches(backend, q, keys, weights, lengths, **kwargs):
+    got = run(jax_topk.indexer_topk, backend, q, keys, weights, lengths=lengths, **kwargs)
+    want = run(logits_then_topk, backend, q, keys, weights, lengths=lengths, **kwargs)
+    np.testing.assert_array_equal(got, want)
+    return got
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("k,n", [(1, 1), (1, 100), (512, 777), (2048, 3001)])
+def test_topk_equals_topk_filtered_of_logits(backend, family, k, n):
+    rng = np.random.default_rng(k * 7 + n)
+    q, keys, weights = make_inputs(rng, 12, HEADS, HEAD_DIM, n, family=family)
+    lengths = edge_lengths(k, n, 12, rng)
+    for sorted_ in (False, True):
+        got = _assert_topk_matches(backend, q, keys, weights, lengths, k=k, sorted=sorted_)
+        if family in ("all_negative", "zero_heads"):
+            # Every logit of these rows is 0: the lowest columns win, in either order.
+            for row in range(0, 12, 1 if family == "all_negative" else 2):
+                taken = int(np.clip(lengths[row], 0, min(n, k)))
+                np.testing.assert_array_equal(got[row, :taken], np.arange(taken))
+                assert (got[row, taken:] == -1).all()
+
+
+def test_causal_lengths(backend):
+    rng = np.random.default_rng(3)
+    queries, n = 16, 1500
+    q, keys, weights = make_inputs(rng, queries, HEADS, HEAD_DIM, n)
+    lengths = (n - queries + 1 + np.arange(queries)).astype(np.int32)  # a prefill chunk's tail
+    _assert_topk_matches(backend, q, keys, weights, lengths, k=512)
+
+
+@pytest.mark.parametrize("valid", [0, 5, 12, -1, 2**31 - 1])
+def test_num_valid_rows(backend, valid):
+    rng = np.random.default_rng(4)
+    q, keys, weights = make_inputs(rng, 12, HEADS, HEAD_DIM, 600, family="repeated_keys")
+    lengths = edge_lengths(64, 600, 12, rng)
+    got = _assert_topk_matches(
+        backend, q, keys, weights, lengths, k=64, num_valid_rows=np.int32(valid)
+    )
+    assert (got[int(np.clip(valid, 0, 12)) :] == -1).all()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_page_transform(backend, page_size):
+    rng = np.random.default_rng(page_size)
+    queries, n, k = 9, 1000, 128
+    pages = -(-n // page_size) + 1
+    q, keys, weights = make_inputs(rng, queries, HEADS, HEAD_DIM, n)
+    lengths = edge_lengths(k, n, queries, rng)
+    table = permuted_page_table(rng, queries, pages)
+    for sorted_ in (False, True):
+        _assert_topk_matches(
+            backend,
+            q,
+            keys,
+            weights,
+            lengths,
+            k=k,
+            page_table=table,
+            page_size=page_size,
+            sorted=sorted_,
+        )
+    shared = permuted_page_table(rng, 3, pages)
+    table_rows = rng.integers(-2, 5, size=queries).astype(np.int32)
+    _assert_topk_matches(
+        backend,
+        q,
+        keys,
+        weights,
+        lengths,
+        k=k,
+        page_table=shared,
+        page_size=page_size,
+        table_rows=table_rows,
+    )
+
+
+def test_fp8_with_key_scales(backend):
+    rng = np.random.default_rng(5)
+    q, keys, weights = make_inputs(rng, 12, HEADS, HEAD_DIM, 2500, dtype=FP8)
+    key_scales = rng.uniform(0.01, 2.0, size=2500).astype(np.float32)
+    lengths = edge_lengths(2048, 2500, 12, rng)
+    _assert_topk_matches(backend, q, keys, weights, lengths, k=2048, key_scales=key_scales)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP8], ids=["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("family", ["normal", "integers"])
+def test_logits_within_bound_of_float64(backend, dtype, family):
+    rng = np.random.default_rng(6)
+    queries, heads, head_dim, n = 6, 8, 64, 300
+    q, keys, weights = make_inputs(rng, queries, heads, head_dim, n, family=family, dtype=dtype)
+    key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32) if dtype == FP8 else None
+    lengths = np.array([0, 1, 150, 299, 300, 1000], np.int32)
+    got = run(
+        jax_topk.indexer_logits, backend, q, keys, weights, lengths=lengths, key_scales=key_scales
+    )
+    want, scale = reference_logits(q, keys, weights, lengths, key_scales)
+    assert got.dtype == np.float32 and got.shape == (queries, n)
+    past = np.isinf(want)
+    np.testing.assert_array_equal(got[past], want[past])
+    error = np.abs(got[~past].astype(np.float64) - want[~past])
+    assert (error <= TOLERANCE[dtype] * scale[~past]).all(), (error / scale[~past]).max()
+
+
+def test_logits_without_lengths_cover_every_key(backend):
+    rng = np.random.default_rng(7)
+    q, keys, weights = make_inputs(rng, 3, 2, 16, 130)
+    got = run(jax_topk.indexer_logits, backend, q, keys, weights)
+    want, scale = reference_logits(q, keys, weights)
+    assert np.isfinite(got).all()
+    assert (np.abs(got - want) <= TOLERANCE[BF16] * scale).all()
+
+
+def test_deterministic_run_to_run(backend):
+    rng = np.random.default_rng(8)
+    q, keys, weights = make_inputs(rng, 64, HEADS, HEAD_DIM, 2000)
+    lengths = rng.integers(0, 2001, size=64).astype(np.int32)
+    first = run(jax_topk.indexer_logits, backend, q, keys, weights, lengths=lengths)
+    first_topk = run(jax_topk.indexer_topk, backend, q, keys, weights, lengths=lengths, k=512)
+    for _ in range(2):
+        again = run(jax_topk.indexer_logits, backend, q, keys, weights, lengths=lengths)
+        np.testing.assert_array_equal(again.view(np.uint32), first.view(np.uint32))
+        np.testing.assert_array_equal(
+            run(jax_topk.indexer_topk, backend, q, keys, weights, lengths=lengths, k=512),
+            first_topk,
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, FP8], ids=["bfloat16", "float8_e4m3fn"])
+def test_gpu_logits_agree_with_cpu_within_bound(dtype):
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    rng = np.random.default_rng(9)
+    queries, heads, head_dim, n = 40, 64, 128, 4099
+    q, keys, weights = make_inputs(rng, queries, heads, head_dim, n, dtype=dtype)
+    key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32)
+    lengths = rng.integers(0, n + 2, size=queries).astype(np.int32)
+    kwargs = dict(lengths=lengths, key_scales=key_scales)
+    gpu = run(jax_topk.indexer_logits, "gpu", q, keys, weights, **kwargs)
+    cpu = run(jax_topk.indexer_logits, "cpu", q, keys, weights, **kwargs)
+    _, scale = reference_logits(q, keys, weights, lengths, key_scales)
+    finite = np.isfinite(cpu)
+    np.testing.assert_array_equal(np.isfinite(gpu), finite)
+    assert (np.abs(gpu[finite] - cpu[finite]) <= 2 * TOLERANCE[dtype] * scale[finite]).all()
+    _assert_topk_matches("gpu", q, keys, weights, lengths, k=2048, key_scales=key_scales)

@@ -1,0 +1,241 @@
+"""The lightning indexer's JAX behaviour (docs/contract.md sections 6 and 9): vmap over a
+batch of sequences, jit, scan and cond, grad through a gather, and the trace-time errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_topk
+from tests.support.indexer import FP8, logits_then_topk, make_inputs
+from tests.support.operators import permuted_page_table
+
+BATCH, QUERIES, HEADS, HEAD_DIM, KEYS = 3, 5, 2, 16, 300
+
+
+def _sequences(rng, dtype=None):
+    parts = [
+        make_inputs(
+            rng, QUERIES, HEADS, HEAD_DIM, KEYS, **({} if dtype is None else {"dtype": dtype})
+        )
+        for _ in range(BATCH)
+    ]
+    q, keys, weights = (np.stack(p) for p in zip(*parts))
+    lengths = rng.integers(-2, KEYS + 3, size=(BATCH, QUERIES)).astype(np.int32)
+    return q, keys, weights, lengths
+
+
+@pytest.fixture(params=["cpu", "fallback"])
+def backend(request):
+    from jax_topk import _lowering
+
+    with _lowering.forced_fallback(request.param == "fallback"):
+        yield request.param
+
+
+def test_vmap_matches_loop(backend):
+    rng = np.random.default_rng(40)
+    q, keys, weights, lengths = _sequences(rng, FP8)
+    key_scales = rng.uniform(0.1, 2.0, size=(BATCH, KEYS)).astype(np.float32)
+    logits = jax.vmap(lambda *a: jax_topk.indexer_logits(*a[:4], key_scales=a[4]))(
+        q, keys, weights, lengths, key_scales
+    )
+    picked = jax.jit(
+        jax.vmap(lambda *a: jax_topk.indexer_topk(*a[:4], k=40, key_scales=a[4], sorted=True))
+    )(q, keys, weights, lengths, key_scales)
+    for b in range(BATCH):
+        one = jax_topk.indexer_logits(
+            q[b], keys[b], weights[b], lengths[b], key_scales=key_scales[b]
+        )
+        np.testing.assert_array_equal(np.asarray(logits[b]), np.asarray(one))
+        np.testing.assert_array_equal(
+            np.asarray(picked[b]),
+            np.asarray(
+                logits_then_topk(
+                    q[b],
+                    keys[b],
+                    weights[b],
+                    lengths[b],
+                    key_scales=key_scales[b],
+                    k=40,
+                    sorted=True,
+                )
+            ),
+        )
+
+
+def test_vmap_unmapped_keys_broadcast(backend):
+    rng = np.random.default_rng(41)
+    q, keys, weights, lengths = _sequences(rng)
+    fn = jax.vmap(lambda a, c, d: jax_topk.indexer_topk(a, keys[0], c, d, k=16), in_axes=(1, 1, 1))
+    out = jax.jit(fn)(q.swapaxes(0, 1), weights.swapaxes(0, 1), lengths.swapaxes(0, 1))
+    for b in range(BATCH):  # mapped over axis 1 (the sequences), one keys for all
+        want = logits_then_topk(q[b], keys[0], weights[b], lengths[b], k=16)
+        np.testing.assert_array_equal(np.asarray(out[b]), np.asarray(want))
+
+
+def test_vmap_num_valid_rows_and_page_tables(backend):
+    rng = np.random.default_rng(42)
+    q, keys, weights, lengths = _sequences(rng)
+    page_size, pages = 8, KEYS // 8 + 1
+    valid = np.array([0, 3, 9], np.int32)
+    tables = np.stack([permuted_page_table(rng, 2, pages) for _ in range(BATCH)])
+    table_rows = rng.integers(-1, 4, size=(BATCH, QUERIES)).astype(np.int32)
+    per_row = np.stack([permuted_page_table(rng, QUERIES, pages) for _ in range(BATCH)])
+
+    def fn(a, b, c, d, v, t, tr):
+        return jax_topk.indexer_topk(
+            a, b, c, d, k=24, num_valid_rows=v, page_table=t, page_size=page_size, table_rows=tr
+        )
+
+    out = jax.jit(jax.vmap(fn))(q, keys, weights, lengths, valid, tables, table_rows)
+    shared = jax.jit(jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, None, 0)))(
+        q, keys, weights, lengths, valid, tables[0], table_rows
+    )
+    rows = jax.jit(
+        jax.vmap(
+            lambda a, b, c, d, t: jax_topk.indexer_topk(
+                a, b, c, d, k=24, page_table=t, page_size=page_size
+            )
+        )
+    )(q, keys, weights, lengths, per_row)
+    for b in range(BATCH):
+        args = (q[b], keys[b], weights[b], lengths[b])
+        common = dict(k=24, page_size=page_size)
+        want = logits_then_topk(
+            *args, num_valid_rows=valid[b], page_table=tables[b], table_rows=table_rows[b], **common
+        )
+        np.testing.assert_array_equal(np.asarray(out[b]), np.asarray(want))
+        want = logits_then_topk(
+            *args, num_valid_rows=valid[b], page_table=tables[0], table_rows=table_rows[b], **common
+        )
+        np.testing.assert_array_equal(np.asarray(shared[b]), np.asarray(want))
+        want = logits_then_topk(*args, page_table=per_row[b], **common)
+        np.testing.assert_array_equal(np.asarray(rows[b]), np.asarray(want))
+
+
+def test_scan_and_cond(backend):
+    rng = np.random.default_rng(43)
+    q, keys, weights, lengths = _sequences(rng)
+
+    def step(carry, xs):
+        a, b, c, d = xs
+        picked = jax.lax.cond(
+            carry > 1,
+            lambda: jax_topk.indexer_topk(a, b, c, d, k=8),
+            lambda: jax_topk.indexer_topk(a, b, c, d, k=8, sorted=True),
+        )
+        return carry + 1, picked
+
+    _, out = jax.jit(lambda *xs: jax.lax.scan(step, 0, xs))(q, keys, weights, lengths)
+    for i in range(BATCH):
+        want = logits_then_topk(q[i], keys[i], weights[i], lengths[i], k=8, sorted=i <= 1)
+        np.testing.assert_array_equal(np.asarray(out[i]), np.asarray(want))
+
+
+def test_grad_through_gather(backend):
+    rng = np.random.default_rng(44)
+    q, keys, weights, lengths = (x[0] for x in _sequences(rng))
+    lengths = np.full(QUERIES, KEYS, np.int32)
+    dense = rng.standard_normal((QUERIES, KEYS)).astype(np.float32)
+
+    def loss(w):
+        idx = jax_topk.indexer_topk(q, keys, w, lengths, k=5)
+        return (jnp.take_along_axis(jnp.asarray(dense), idx, axis=1) * w[:, :1]).sum()
+
+    grad = jax.jit(jax.grad(loss))(weights)
+    idx = np.asarray(jax_topk.indexer_topk(q, keys, weights, lengths, k=5))
+    expected = np.zeros_like(weights)
+    expected[:, 0] = np.take_along_axis(dense, idx, axis=1).sum(axis=1)
+    np.testing.assert_allclose(grad, expected, rtol=1e-6)
+    _, tangent = jax.jvp(
+        lambda w: jax_topk.indexer_topk(q, keys, w, lengths, k=5),
+        (jnp.asarray(weights),),
+        (jnp.ones_like(weights),),
+    )
+    assert tangent.dtype == jax.dtypes.float0
+
+
+# --- errors (docs/contract.md sections 5 and 9) --------------------------------------------
+
+
+def _args(**overrides):
+    args = dict(
+        q=jnp.zeros((4, 2, 16), jnp.bfloat16),
+        keys=jnp.zeros((64, 16), jnp.bfloat16),
+        weights=jnp.zeros((4, 2), jnp.float32),
+        lengths=jnp.zeros((4,), jnp.int32),
+    )
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize("op", ["indexer_logits", "indexer_topk"])
+@pytest.mark.parametrize(
+    "overrides,error,words",
+    [
+        (dict(q=jnp.zeros((4, 2, 16), jnp.float32)), TypeError, ["q", "float32", "bfloat16"]),
+        (dict(keys=jnp.zeros((64, 16), jnp.float8_e4m3fn)), TypeError, ["keys", "float8_e4m3fn"]),
+        (dict(q=jnp.zeros((4, 16), jnp.bfloat16)), ValueError, ["q", "[M, H, D]", "(4, 16)"]),
+        (dict(keys=jnp.zeros((64, 8), jnp.bfloat16)), ValueError, ["keys", "D=16", "(64, 8)"]),
+        (dict(keys=jnp.zeros((0, 16), jnp.bfloat16)), ValueError, ["N=0", "1 <= N"]),
+        (dict(weights=jnp.zeros((4, 3), jnp.float32)), ValueError, ["weights", "(4, 3)", "(4, 2)"]),
+        (dict(weights=jnp.zeros((4, 2), jnp.bfloat16)), TypeError, ["weights", "float32"]),
+        (dict(key_scales=jnp.zeros((63,), jnp.float32)), ValueError, ["key_scales", "(63,)"]),
+        (dict(key_scales=jnp.zeros((64,), jnp.float16)), TypeError, ["key_scales", "float16"]),
+        (dict(lengths=jnp.zeros((5,), jnp.int32)), ValueError, ["lengths", "(5,)", "(4,)"]),
+        (dict(lengths=jnp.zeros((4,), jnp.float32)), TypeError, ["lengths", "float32"]),
+    ],
+)
+def test_input_errors(op, overrides, error, words):
+    args = _args(**overrides)
+    with pytest.raises(error) as info:
+        jax.jit(lambda: getattr(jax_topk, op)(**args)).lower()
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert op in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,error,words",
+    [
+        (dict(k=0), ValueError, ["k=0", "2048"]),
+        (dict(k=2049), ValueError, ["k=2049", "2048"]),
+        (dict(k=3.0), TypeError, ["k"]),
+        (dict(sorted=1), TypeError, ["sorted"]),
+        (
+            dict(page_size=3, page_table=jnp.zeros((4, 64), jnp.int32)),
+            ValueError,
+            ["page_size=3", "power of two"],
+        ),
+        (
+            dict(page_table=jnp.zeros((4, 3), jnp.int32), page_size=16),
+            ValueError,
+            ["page_table", "3 * 16", "n = 64"],
+        ),
+        (dict(page_table=jnp.zeros((5, 64), jnp.int32)), ValueError, ["page_table", "(5, 64)"]),
+        (dict(table_rows=jnp.zeros((4,), jnp.int32)), ValueError, ["table_rows", "page_table"]),
+        (dict(page_table=jnp.zeros((4, 64), jnp.float32)), TypeError, ["page_table", "int32"]),
+        (dict(num_valid_rows=jnp.zeros((2,), jnp.int32)), ValueError, ["num_valid_rows", "scalar"]),
+    ],
+)
+def test_selection_errors(overrides, error, words):
+    args = _args(**overrides)
+    with pytest.raises(error) as info:
+        jax.jit(lambda: jax_topk.indexer_topk(**args)).lower()
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert "indexer_topk" in str(info.value)
+
+
+def test_n_limit():
+    too_long = jax.ShapeDtypeStruct((2**31, 16), jnp.bfloat16)
+    with pytest.raises(ValueError, match="2147483647"):
+        jax.eval_shape(
+            lambda k: jax_topk.indexer_logits(
+                jnp.zeros((1, 1, 16), jnp.bfloat16), k, jnp.zeros((1, 1), jnp.float32)
+            ),
+            too_long,
+        )
