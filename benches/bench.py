@@ -541,7 +541,6 @@ def bench_indexer_shape(shape: Shape, on_gpu: bool, copy_tbps, matrix_tflops, qu
         copy_TBps=copy_tbps,
         matches_contract=matches,
         jax_path_overlap=overlap,
-        stand_in=indexer.STAND_IN,
         **_this_run(),
     )
 
@@ -729,18 +728,11 @@ def main(argv=None) -> int:
     if args.quick and on_gpu:
         shapes = [s for s in shapes if s.rows * s.n <= 512 * 16384 or s.rows == 43]
     shapes = select(shapes, ops, args.shapes.split(",") if args.shapes else None)
-    fp8 = indexer.accepts_fp8()
-    if not fp8:
-        shapes = [s for s in shapes if s.dtype != indexer.FP8]
     indexer_dtypes = sorted({s.dtype for s in shapes if s.is_indexer})
     cases = [] if args.skip_check else check_cases(ops)
     indexer_cases = [] if args.skip_check else indexer.check_cases(indexer_dtypes)
     prior = load_prior(args.json) or (load_prior(DEFAULT_RESULTS) if on_gpu else {})
     print(f"jax_topk bench on {device.device_kind} ({device.platform}), jax {jax.__version__}")
-    if indexer_dtypes:
-        print(indexer.describe_source() or "indexer: jax_topk.indexer_logits and indexer_topk")
-        if not fp8:
-            print("indexer: float8_e4m3fn q and keys are not accepted; fp8 shapes left out")
     if args.list:
         for shape in shapes:
             print("  " + shape.label())

