@@ -509,7 +509,10 @@ def bench_indexer_shape(shape: Shape, on_gpu: bool, copy_tbps, matrix_tflops, qu
             times[name] = device_time_us(jax.jit(fn), inputs, calls)
         else:
             times[name] = wall_time_us(fn, inputs[: plan.wall_sets], max(1, calls // 3))
-    wall_us = wall_time_us(timed["ours_us"], inputs[: plan.wall_sets], plan.wall_repeats)
+    if on_gpu:
+        wall_us = wall_time_us(timed["ours_us"], inputs[: plan.wall_sets], plan.wall_repeats)
+    else:
+        wall_us = times["ours_us"]
 
     first = inputs[0]
     ours = jax.jit(timed["ours_us"])(*first)
@@ -759,9 +762,12 @@ def main(argv=None) -> int:
     matrix_rates = {}
     if on_gpu and indexer_dtypes:  # the compute floor's rate, of the rows' own dtype
         matrix_rates = {d: matrix_rate_tflops(d) for d in sorted({"bfloat16", *indexer_dtypes})}
-        if matrix_rates.get(indexer.FP8, 0) is None:
+        fp8_rate = matrix_rates.get(indexer.FP8, 0)
+        if fp8_rate is None:
             print("no fp8 matmul in XLA here: fp8 compute floors at the bf16 rate")
             matrix_rates[indexer.FP8] = matrix_rates["bfloat16"]
+        elif fp8_rate and fp8_rate < 1.2 * matrix_rates["bfloat16"]:
+            print("the fp8 matmul is not much faster than bf16's: XLA may not use fp8 MMA")
     records = [
         bench_indexer_shape(shape, on_gpu, copy_tbps, matrix_rates.get(shape.dtype), args.quick)
         if shape.is_indexer
