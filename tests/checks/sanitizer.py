@@ -1,7 +1,7 @@
 """A representative call of each CUDA kernel (top_k's routes with values included, the
-indexer's), small enough to run under compute-sanitizer (`compute-sanitizer python -m tests.checks.sanitizer`,
-see .ci/gpu): checks the result against the CPU handler too, bit for bit (the indexer's
-logits within the SPEC's bound of it)."""
+indexer's), small enough to run under compute-sanitizer
+(`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu): checks the result
+against the CPU handler too, bit for bit (the indexer's logits within the SPEC's bound of it)."""
 
 import jax
 import numpy as np
