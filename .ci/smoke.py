@@ -54,6 +54,15 @@ def check_operators() -> None:
         merged = jax_topk.merge_topk(values, indices, k // 2)
         np.testing.assert_array_equal(np.asarray(merged[1]), np.asarray(expected[:, : k // 2]))
         print(f"top_k and merge_topk: {rows} x {n}, k = {k}, equal to jax.lax.top_k")
+    q = jax.random.normal(key_bf16, (rows, 4, 32), jnp.bfloat16)
+    keys = jax.random.normal(key_f32, (3000, 32), jnp.bfloat16)
+    weights = jnp.ones((rows, 4), jnp.float32)
+    lengths = jnp.full((rows,), 2500, jnp.int32)
+    picked = jax.jit(lambda *a: jax_topk.indexer_topk(*a, k=64))(q, keys, weights, lengths)
+    logits = jax.jit(jax_topk.indexer_logits)(q, keys, weights, lengths)
+    expected = jax_topk.topk_filtered(logits, lengths, k=64)
+    np.testing.assert_array_equal(np.asarray(picked), np.asarray(expected))
+    print(f"indexer_topk: {rows} x 3000, k = 64, equal to topk_filtered of indexer_logits")
 
 
 def main() -> None:

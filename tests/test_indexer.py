@@ -21,7 +21,7 @@ from tests.support.indexer import (
 from tests.support.operators import permuted_page_table
 
 HEADS, HEAD_DIM = 4, 32
-FAMILIES = ["normal", "repeated_keys", "zero_heads", "all_negative", "integers"]
+FAMILIES = ["normal", "repeated_keys", "zero_heads", "all_negative", "integers", "periodic"]
 
 
 def _assert_topk_matches(backend, q, keys, weights, lengths, **kwargs):

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 
 import jax_topk
+from tests.support.indexer import logits_then_topk, make_inputs
 
 
 def main():
@@ -44,7 +45,29 @@ def main():
                 np.testing.assert_array_equal(
                     a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"), err_msg=f"{name} {i}"
                 )
+    _indexer_replays(rng, gpu)
     print("graph replay: ok")
+
+
+def _indexer_replays(rng, gpu):
+    """indexer_topk replayed with changing inputs, lengths and num_valid_rows equals, every
+    time, topk_filtered of indexer_logits replayed alike (both on the GPU: the backends'
+    logits may round apart)."""
+    fused = jax.jit(
+        lambda q, keys, w, lens, v: jax_topk.indexer_topk(
+            q, keys, w, lens, k=2048, num_valid_rows=v
+        )
+    )
+    two_steps = jax.jit(
+        lambda q, keys, w, lens, v: logits_then_topk(q, keys, w, lens, k=2048, num_valid_rows=v)
+    )
+    for i, valid in enumerate((8, 2, 0, 8, 5, 100, -3, 8)):
+        q, keys, weights = make_inputs(rng, 8, 16, 64, 9000, family=("normal", "zero_heads")[i % 2])
+        lengths = rng.integers(0, 9001, size=8).astype(np.int32)
+        args = jax.device_put((q, keys, weights, lengths, np.int32(valid)), gpu)
+        np.testing.assert_array_equal(
+            np.asarray(fused(*args)), np.asarray(two_steps(*args)), err_msg=f"indexer {i}"
+        )
 
 
 if __name__ == "__main__":

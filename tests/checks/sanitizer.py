@@ -1,11 +1,20 @@
-"""A representative call of each CUDA kernel (top_k's routes with values included), small
-enough to run under compute-sanitizer (`compute-sanitizer python -m tests.checks.sanitizer`,
-see .ci/gpu): checks the result against the CPU handler too, bit for bit."""
+"""A representative call of each CUDA kernel (top_k's routes with values included, the
+indexer's), small enough to run under compute-sanitizer
+(`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu): checks the result
+against the CPU handler too, bit for bit (the indexer's logits within the SPEC's bound of it)."""
 
 import jax
 import numpy as np
 
 import jax_topk
+from tests.support.indexer import (
+    BF16,
+    FP8,
+    TOLERANCE,
+    logits_then_topk,
+    make_inputs,
+    reference_logits,
+)
 
 
 def _nan_and_zero_rows(rng, rows, n):
@@ -100,7 +109,38 @@ def main():
             for a, b in zip(got, want):
                 a, b = np.asarray(a), np.asarray(b)
                 np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
+    _indexer_cases(rng, gpu, cpu)
     print("sanitizer cases: ok")
+
+
+def _indexer_cases(rng, gpu, cpu):
+    """The indexer's kernels (logits, then the selection from its workspace): on the GPU,
+    indexer_topk equals topk_filtered of the GPU's indexer_logits bit for bit, and the GPU's
+    logits are within twice the SPEC bound of the CPU's (the backends may round apart)."""
+    cases = [  # (queries, heads, head_dim, keys, input type, key_scales, k, family)
+        (8, 64, 128, 2100, BF16, False, 2048, "normal"),
+        (4, 16, 128, 3001, FP8, True, 2048, "normal"),
+        (33, 4, 32, 1000, BF16, False, 512, "zero_heads"),
+        (5, 3, 20, 130, FP8, True, 1, "repeated_keys"),
+    ]
+    for queries, heads, head_dim, n, dtype, scaled, k, family in cases:
+        q, keys, weights = make_inputs(rng, queries, heads, head_dim, n, family=family, dtype=dtype)
+        key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32) if scaled else None
+        lengths = rng.integers(-1, n + 2, size=queries).astype(np.int32)
+        args = (q, keys, weights, lengths, key_scales)
+        topk = jax.jit(lambda a, b, c, d, e: jax_topk.indexer_topk(a, b, c, d, k=k, key_scales=e))
+        two_steps = jax.jit(lambda a, b, c, d, e: logits_then_topk(a, b, c, d, k=k, key_scales=e))
+        np.testing.assert_array_equal(
+            np.asarray(topk(*jax.device_put(args, gpu))),
+            np.asarray(two_steps(*jax.device_put(args, gpu))),
+        )
+        logits = jax.jit(lambda a, b, c, d, e: jax_topk.indexer_logits(a, b, c, d, key_scales=e))
+        got = np.asarray(logits(*jax.device_put(args, gpu)))
+        want = np.asarray(logits(*jax.device_put(args, cpu)))
+        _, scale = reference_logits(q, keys, weights, lengths, key_scales)
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(got), finite)
+        assert (np.abs(got[finite] - want[finite]) <= 2 * TOLERANCE[dtype] * scale[finite]).all()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ def make_inputs(rng, queries, heads, head_dim, keys_count, *, family="normal", d
     - zero_heads: repeated keys, and every other query row with all heads zero (relu and
       the logits tie at 0, so the lowest columns win there);
     - all_negative: every dot negative before relu (every logit 0);
-    - integers: small integers (exact sums, ties between different keys)."""
+    - integers: small integers (exact sums, ties between different keys);
+    - periodic: every 64th key far above the rest, the order that fools a regular sample of
+      the keys."""
     q = rng.standard_normal((queries, heads, head_dim)).astype(np.float32)
     keys = rng.standard_normal((keys_count, head_dim)).astype(np.float32)
     weights = rng.standard_normal((queries, heads)).astype(np.float32)
@@ -43,6 +45,10 @@ def make_inputs(rng, queries, heads, head_dim, keys_count, *, family="normal", d
         q = rng.integers(-2, 3, size=q.shape).astype(np.float32)
         keys = rng.integers(-2, 3, size=keys.shape).astype(np.float32)
         weights = rng.integers(1, 4, size=weights.shape).astype(np.float32)
+    elif family == "periodic":
+        q, weights = np.abs(q), np.abs(weights)
+        keys = 0.01 * keys
+        keys[5::64] = np.abs(keys[5::64]) * 1000.0
     elif family != "normal" and family != "repeated_keys":
         raise ValueError(family)
     return q.astype(dtype), keys.astype(dtype), weights
