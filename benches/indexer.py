@@ -218,7 +218,7 @@ def overlap(ours, peer) -> float:
     return hits / max(1, int((ours >= 0).sum()))
 
 
-FAMILIES = ("normal", "repeated_keys", "zero_heads", "all_negative", "integers")
+FAMILIES = ("normal", "repeated_keys", "zero_heads", "all_negative", "integers", "periodic")
 
 
 def check_cases(dtypes) -> list[tuple]:
