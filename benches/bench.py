@@ -502,20 +502,24 @@ def bench_indexer_shape(shape: Shape, on_gpu: bool, copy_tbps, matrix_tflops, qu
     plan = Plan.of(shape, quick, on_gpu)
     inputs = indexer.make_inputs(shape, plan.sets, seed=shape.rows * 7 + shape.n)
     timed = indexer.calls(shape.op, shape.k)
+    jitted = {name: jax.jit(fn) for name, fn in timed.items()}
     times = {}
     for name, fn in timed.items():
-        calls = plan.calls if name == "ours_us" else plan.lax_calls
+        ours = name == "ours_us"
         if on_gpu:
-            times[name] = device_time_us(jax.jit(fn), inputs, calls)
+            calls = plan.calls if ours else plan.lax_calls
+            times[name] = device_time_us(jitted[name], inputs, calls)
+        elif ours:  # the CPU: wall time, as bench_shape's
+            times[name] = wall_time_us(fn, inputs[: plan.wall_sets], plan.calls)
         else:
-            times[name] = wall_time_us(fn, inputs[: plan.wall_sets], max(1, calls // 3))
+            times[name] = wall_time_us(fn, inputs[:2], max(1, plan.calls // 3))
     if on_gpu:
         wall_us = wall_time_us(timed["ours_us"], inputs[: plan.wall_sets], plan.wall_repeats)
     else:
         wall_us = times["ours_us"]
 
     first = inputs[0]
-    ours = jax.jit(timed["ours_us"])(*first)
+    ours = jitted["ours_us"](*first)
     if shape.op == "indexer_logits":
         rows, picked = indexer.check_rows(first)
         matches = indexer.logits_within_bound(ours[rows], picked, shape.dtype)
@@ -526,7 +530,7 @@ def bench_indexer_shape(shape: Shape, on_gpu: bool, copy_tbps, matrix_tflops, qu
         # The JAX path's two top-ks select the same values of its scores; ours, from our
         # logits, may differ from theirs only where rounding reorders near-equal logits.
         scores = jax.jit(indexer.jax_path_scores)(*first)
-        picks = [jax.jit(timed[name])(*first) for name in ("jax_path_us", "jax_path_filtered_us")]
+        picks = [jitted[name](*first) for name in ("jax_path_us", "jax_path_filtered_us")]
         values = [_selected_values(scores, p) for p in picks]
         matches &= bool(np.array_equal(*values))
         overlap = indexer.overlap(ours, picks[1])
