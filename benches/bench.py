@@ -58,7 +58,7 @@ class Shape:
     @property
     def key(self) -> tuple:
         """The record's identity (report.record_key)."""
-        return (self.op, self.dtype, self.rows, self.n, self.k, self.lengths, self.page_size)
+        return tuple(self.identity().values())
 
     def identity(self) -> dict:
         """The record's fields that name the shape."""
