@@ -33,12 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benches import report
+from benches import indexer, report
 from jax_topk import top_k, topk_bf16, topk_filtered
 from tests.support.families import FAMILIES, make
 
 L2_BYTES = 60 << 20
 OPS = {"topk_bf16": topk_bf16, "topk_filtered": topk_filtered, "top_k": top_k}
+ALL_OPS = [*OPS, *indexer.OPS]
 DEFAULT_RESULTS = "benches/results/h200.json"
 
 
@@ -51,16 +52,27 @@ class Shape:
     k: int
     lengths: str  # "full", "causal" or "valid=9000"
     page_size: int = 1
+    heads: int = 0  # the indexer's H and D (its rows are query rows, its n the keys)
+    head_dim: int = 0
 
     @property
     def key(self) -> tuple:
         """The record's identity (report.record_key)."""
-        return (self.op, self.dtype, self.rows, self.n, self.k, self.lengths, self.page_size)
+        return tuple(self.identity().values())
+
+    def identity(self) -> dict:
+        """The record's fields that name the shape."""
+        names = ("op", "dtype", "rows", "n", "k", "lengths", "page_size")
+        return {name: getattr(self, name) for name in names}
 
     @property
     def has_lengths(self) -> bool:
-        """The call passes lengths: the indexer operators always, top_k unless full."""
+        """The call passes lengths: topk_bf16 and topk_filtered always, top_k unless full."""
         return self.op != "top_k" or self.lengths != "full"
+
+    @property
+    def is_indexer(self) -> bool:
+        return self.op in indexer.OPS
 
     @property
     def itemsize(self) -> int:
@@ -68,6 +80,9 @@ class Shape:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of one input set."""
+        if self.is_indexer:
+            return indexer.input_bytes(self)
         return self.rows * self.n * self.itemsize
 
     def row_lengths(self) -> np.ndarray:
@@ -79,7 +94,21 @@ class Shape:
 
     def label(self) -> str:
         paged = f" page={self.page_size}" if self.page_size > 1 else ""
-        return f"{self.op} {self.dtype} {self.rows}x{self.n} k={self.k} {self.lengths}{paged}"
+        heads = f" h={self.heads} d={self.head_dim}" if self.is_indexer else ""
+        return (
+            f"{self.op} {self.dtype} {self.rows}x{self.n}{heads} k={self.k} {self.lengths}{paged}"
+        )
+
+
+def indexer_shapes(rows_and_n, heads: int, head_dim: int) -> list[Shape]:
+    """Both indexer operators, bf16 then fp8, on a chunk of consecutive queries of one
+    sequence: causal lengths, query t of M seeing N - M + t + 1 keys."""
+    return [
+        Shape(op, dtype, m, n, 2048, "causal", heads=heads, head_dim=head_dim)
+        for op in indexer.OPS
+        for dtype in ("bfloat16", indexer.FP8)
+        for m, n in rows_and_n
+    ]
 
 
 def gpu_shapes() -> list[Shape]:
@@ -118,6 +147,11 @@ def gpu_shapes() -> list[Shape]:
         Shape("top_k", "bfloat16", 32, 131072, 2048, "full"),
         Shape("top_k", "float32", 64, 131072, 4096, "full"),
     ]
+    shapes += indexer_shapes(  # decode (1 and 32 queries), prefill chunks
+        ((1, 131072), (32, 131072), (128, 65536), (512, 65536), (2048, 32768), (4096, 131072)),
+        heads=64,
+        head_dim=128,
+    )
     return shapes
 
 
@@ -128,7 +162,9 @@ def cpu_shapes(quick: bool) -> list[Shape]:
         Shape("top_k", "float32", 8, 152064, 50, "full"),
         Shape("top_k", "float32", 4096, 256, 8, "full"),
     ]
+    shapes += indexer_shapes(((8, 16384),), heads=16, head_dim=64)
     if not quick:
+        shapes += indexer_shapes(((64, 32768),), heads=64, head_dim=128)
         shapes += [
             Shape("topk_filtered", "float32", 64, 131072, 512, "causal"),
             Shape("topk_bf16", "bfloat16", 128, 16384, 512, "valid=4096", 64),
@@ -308,6 +344,22 @@ def copy_bandwidth_tbps() -> float:
     return 2 * nbytes / (us * 1e-6) / 1e12
 
 
+def matrix_rate_tflops(dtype: str) -> float | None:
+    """The rate of a large matmul of `dtype` operands (8192^3, A B^T, bfloat16 out): what the
+    indexer's compute floor assumes. None where XLA cannot compile it."""
+    size = 8192
+    a, b = (jax.random.normal(jax.random.key(i), (size, size)).astype(dtype) for i in range(2))
+    contract_rows = (((1,), (1,)), ((), ()))
+    matmul = jax.jit(
+        lambda a, b: jax.lax.dot_general(a, b, contract_rows, preferred_element_type=jnp.bfloat16)
+    )
+    try:
+        us = device_time_us(matmul, [(a, b)], 10)
+    except Exception:  # XLA's refusal (an fp8 dot without cuBLASLt) has no one type
+        return None
+    return 2 * size**3 / us / 1e6
+
+
 @dataclass(frozen=True)
 class Plan:
     """How often a shape runs; the fewest that give stable medians (benches/README.md)."""
@@ -429,13 +481,7 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
     valid = int(np.clip(shape.row_lengths(), 0, shape.n).sum())
     floor_us = valid * shape.itemsize / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
     record = dict(
-        op=shape.op,
-        dtype=shape.dtype,
-        rows=shape.rows,
-        n=shape.n,
-        k=shape.k,
-        lengths=shape.lengths,
-        page_size=shape.page_size,
+        **shape.identity(),
         ours_us=ours_us,
         lax_top_k_us=lax_us,
         torch_topk_us=torch_us,
@@ -443,13 +489,82 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
         copy_TBps=copy_tbps,
         ours_wall_us=wall_us,
         same_set_as_peers=same_set,
-        jax=jax.__version__,
-        device=jax.devices()[0].device_kind,
-        date=datetime.date.today().isoformat(),
+        **_this_run(),
     )
     if values_at_indices is not None:
         record["values_at_indices"] = values_at_indices
     return record
+
+
+def bench_indexer_shape(shape: Shape, on_gpu: bool, copy_tbps, matrix_tflops, quick: bool):
+    """One indexer shape: ours and the JAX path's peers (benches/indexer.py), the floors,
+    and the checks on the first input set."""
+    plan = Plan.of(shape, quick, on_gpu)
+    inputs = indexer.make_inputs(shape, plan.sets, seed=shape.rows * 7 + shape.n)
+    timed = indexer.calls(shape.op, shape.k)
+    jitted = {name: jax.jit(fn) for name, fn in timed.items()}
+    times = {}
+    for name, fn in timed.items():
+        ours = name == "ours_us"
+        if on_gpu:
+            calls = plan.calls if ours else plan.lax_calls
+            times[name] = device_time_us(jitted[name], inputs, calls)
+        elif ours:  # the CPU: wall time, as bench_shape's
+            times[name] = wall_time_us(fn, inputs[: plan.wall_sets], plan.calls)
+        else:
+            times[name] = wall_time_us(fn, inputs[:2], max(1, plan.calls // 3))
+    if on_gpu:
+        wall_us = wall_time_us(timed["ours_us"], inputs[: plan.wall_sets], plan.wall_repeats)
+    else:
+        wall_us = times["ours_us"]
+
+    first = inputs[0]
+    ours = jitted["ours_us"](*first)
+    if shape.op == "indexer_logits":
+        rows, picked = indexer.check_rows(first)
+        matches = indexer.logits_within_bound(ours[rows], picked, shape.dtype)
+        overlap = None
+    else:
+        logits = jax.jit(indexer.calls("indexer_logits", shape.k)["ours_us"])(*first)
+        matches = indexer.same_indices(ours, topk_filtered(logits, first[3], k=shape.k))
+        # The JAX path's two top-ks select the same values of its scores; ours, from our
+        # logits, may differ from theirs only where rounding reorders near-equal logits.
+        scores = jax.jit(indexer.jax_path_scores)(*first)
+        picks = [jitted[name](*first) for name in ("jax_path_us", "jax_path_filtered_us")]
+        values = [_selected_values(scores, p) for p in picks]
+        matches &= bool(np.array_equal(*values))
+        overlap = indexer.overlap(ours, picks[1])
+    flops = indexer.flops(shape)
+    return dict(
+        **shape.identity(),
+        heads=shape.heads,
+        head_dim=shape.head_dim,
+        **times,
+        ours_wall_us=wall_us,
+        compute_floor_us=flops / matrix_tflops / 1e6 if matrix_tflops else None,
+        floor_us=indexer.bytes_moved(shape) / copy_tbps / 1e6 if copy_tbps else None,
+        tflops=flops / times["ours_us"] / 1e6,
+        matrix_TFLOPs=matrix_tflops,
+        copy_TBps=copy_tbps,
+        matches_contract=matches,
+        jax_path_overlap=overlap,
+        **_this_run(),
+    )
+
+
+def _this_run() -> dict:
+    """The record's fields that name the run."""
+    return dict(
+        jax=jax.__version__,
+        device=jax.devices()[0].device_kind,
+        date=datetime.date.today().isoformat(),
+    )
+
+
+def _selected_values(scores, indices):
+    """Sorted float32 scores at `indices`, -1 slots as -inf."""
+    picked = jnp.take_along_axis(scores, jnp.maximum(indices, 0), axis=1)
+    return np.sort(np.asarray(jnp.where(indices >= 0, picked, -jnp.inf)), axis=1)
 
 
 # --- the estimate printed before timing ----------------------------------------------------
@@ -470,10 +585,27 @@ class CostModel:
     lax_ns_per_element: dict  # by itemsize: a full sort of every row
     lax_min_us: float
     torch_ns_per_element: float | None  # None: no torch peer
+    indexer_ours_tflops: float  # the indexer operators
+    indexer_jax_tflops: float  # the JAX einsum path's scores
+
+    def indexer_call_us(self, shape: Shape, known: dict | None) -> tuple[float, float, float]:
+        """(ours, all the JAX path's peers together, 0) us a call."""
+        peers = [name for name in indexer.calls(shape.op, shape.k) if name != "ours_us"]
+        if known:
+            return known["ours_us"], sum(known.get(name) or 0.0 for name in peers), 0.0
+        flops = indexer.flops(shape)
+        ours = max(self.ours_min_us, flops / self.indexer_ours_tflops / 1e6)
+        scores = max(self.lax_min_us, flops / self.indexer_jax_tflops / 1e6)
+        if shape.op == "indexer_logits":
+            return ours, scores, 0.0
+        sort = shape.rows * shape.n * self.lax_ns_per_element[4] / 1e3
+        return ours, 2 * scores + sort + ours, 0.0
 
     def call_us(self, shape: Shape, prior: dict) -> tuple[float, float, float]:
         """(ours, lax.top_k, torch.topk) us a call."""
         known = prior.get(shape.key)
+        if shape.is_indexer:
+            return self.indexer_call_us(shape, known)
         if known:
             return known["ours_us"], known["lax_top_k_us"], known["torch_topk_us"] or 0.0
         elements = shape.rows * shape.n
@@ -505,6 +637,8 @@ GPU_COSTS = CostModel(
     lax_ns_per_element={2: 0.05, 4: 0.065},
     lax_min_us=30.0,
     torch_ns_per_element=0.012,
+    indexer_ours_tflops=450.0,  # the issue's 55 % of the bf16 matrix rate
+    indexer_jax_tflops=60.0,  # XLA's einsum path measured for issue 15
 )
 CPU_COSTS = CostModel(
     start_s=5.0,
@@ -515,6 +649,8 @@ CPU_COSTS = CostModel(
     lax_ns_per_element={2: 450.0, 4: 25.0},
     lax_min_us=100.0,
     torch_ns_per_element=None,
+    indexer_ours_tflops=0.05,
+    indexer_jax_tflops=0.05,
 )
 
 
@@ -550,8 +686,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--ops",
-        default=",".join(OPS),
-        help=f"comma-separated operators to check and time (default: all of {','.join(OPS)})",
+        default=",".join(ALL_OPS),
+        help=f"comma-separated operators to check and time (default: all of {','.join(ALL_OPS)})",
     )
     parser.add_argument(
         "--shapes",
@@ -588,9 +724,9 @@ def main(argv=None) -> int:
     if args.grid == "gpu" and device.platform != "gpu" and not args.list:
         parser.error("--grid gpu without a GPU: only with --list")
     ops = args.ops.split(",")
-    unknown = sorted(set(ops) - set(OPS))
+    unknown = sorted(set(ops) - set(ALL_OPS))
     if unknown:
-        parser.error(f"--ops: unknown {unknown}; the operators are {list(OPS)}")
+        parser.error(f"--ops: unknown {unknown}; the operators are {ALL_OPS}")
     if (args.merge or args.report) and not args.json:
         parser.error("--merge and --report need --json PATH")
 
@@ -599,13 +735,15 @@ def main(argv=None) -> int:
     if args.quick and on_gpu:
         shapes = [s for s in shapes if s.rows * s.n <= 512 * 16384 or s.rows == 43]
     shapes = select(shapes, ops, args.shapes.split(",") if args.shapes else None)
+    indexer_dtypes = sorted({s.dtype for s in shapes if s.is_indexer})
     cases = [] if args.skip_check else check_cases(ops)
+    indexer_cases = [] if args.skip_check else indexer.check_cases(indexer_dtypes)
     prior = load_prior(args.json) or (load_prior(DEFAULT_RESULTS) if on_gpu else {})
     print(f"jax_topk bench on {device.device_kind} ({device.platform}), jax {jax.__version__}")
     if args.list:
         for shape in shapes:
             print("  " + shape.label())
-    estimate_s = print_estimate(shapes, cases, args.quick, on_gpu, prior)
+    estimate_s = print_estimate(shapes, cases + indexer_cases, args.quick, on_gpu, prior)
     if args.list:
         return 0
     started = time.perf_counter()
@@ -618,13 +756,32 @@ def main(argv=None) -> int:
             print("MISMATCH against jax.lax.top_k:\n  " + "\n  ".join(failures))
             return 1
         print("check: every case equals jax.lax.top_k")
+    if indexer_cases:
+        failures = indexer.check(indexer_cases, progress)
+        if failures:
+            print("MISMATCH in the indexer check:\n  " + "\n  ".join(failures))
+            return 1
+        print("check: indexer_topk equals topk_filtered(indexer_logits), logits within bound")
     copy_tbps = copy_bandwidth_tbps() if on_gpu else None
+    matrix_rates = {}
+    if on_gpu and indexer_dtypes:  # the compute floor's rate, of the rows' own dtype
+        matrix_rates = {d: matrix_rate_tflops(d) for d in sorted({"bfloat16", *indexer_dtypes})}
+        fp8_rate = matrix_rates.get(indexer.FP8, 0)
+        if fp8_rate is None:
+            print("no fp8 matmul in XLA here: fp8 compute floors at the bf16 rate")
+            matrix_rates[indexer.FP8] = matrix_rates["bfloat16"]
+        elif fp8_rate and fp8_rate < 1.2 * matrix_rates["bfloat16"]:
+            print("the fp8 matmul is not much faster than bf16's: XLA may not use fp8 MMA")
     records = [
-        bench_shape(shape, on_gpu, copy_tbps, args.quick)
+        bench_indexer_shape(shape, on_gpu, copy_tbps, matrix_rates.get(shape.dtype), args.quick)
+        if shape.is_indexer
+        else bench_shape(shape, on_gpu, copy_tbps, args.quick)
         for shape in progress(shapes, desc="timing")
     ]
     if copy_tbps:
         print(f"copy bandwidth: {copy_tbps:.2f} TB/s (read + write)")
+    for dtype, rate in matrix_rates.items():
+        print(f"matrix rate for the compute floor, {dtype} rows: {rate:.0f} TFLOP/s")
     print("time per call in us" + (" (device time)" if on_gpu else " (wall time, CPU)"))
     print(report.format_table(records))
     print(f"elapsed {time.perf_counter() - started:.0f} s (estimated {estimate_s:.0f} s)")

@@ -61,12 +61,32 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
+def _fmt_rate(value) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
+
+
 def checked(record: dict) -> bool:
     """Every peer selected the same set, and (top_k) our values are the operand's."""
     return bool(record.get("same_set_as_peers")) and record.get("values_at_indices") is not False
 
 
+def is_indexer(record: dict) -> bool:
+    return record["op"] in ("indexer_logits", "indexer_topk")
+
+
 def format_table(records: list[dict]) -> str:
+    """The top-k operators' table, then the indexer's section where there are its records."""
+    tables = []
+    top_k_records = [r for r in records if not is_indexer(r)]
+    if top_k_records:
+        tables.append(_top_k_table(top_k_records))
+    indexer_records = [r for r in records if is_indexer(r)]
+    if indexer_records:
+        tables.append(_indexer_section(indexer_records))
+    return "\n\n".join(tables)
+
+
+def _top_k_table(records: list[dict]) -> str:
     header = (
         "| op | dtype | rows | n | k | lengths | ours (us) | ours wall (us) | lax.top_k (us) | "
         "torch.topk (us) | floor (us) | ours/floor | speed-up vs lax | checked |"
@@ -85,6 +105,48 @@ def format_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _indexer_section(records: list[dict]) -> str:
+    header = (
+        "| op | dtype | M | N | H | D | k | lengths | ours (us) | ours wall (us) | "
+        "JAX path (us) | JAX scores + topk_filtered (us) | our logits + topk_filtered (us) | "
+        "compute floor (us) | memory floor (us) | TFLOP/s | of matrix rate | "
+        "speed-up vs JAX path | same as JAX path | checked |"
+    )
+    lines = [header, "|" + " --- |" * 20]
+    for r in records:
+        of_rate = r["tflops"] / r["matrix_TFLOPs"] if r.get("matrix_TFLOPs") else None
+        overlap = r.get("jax_path_overlap")
+        lines.append(
+            f"| {r['op']} | {r['dtype']} | {r['rows']} | {r['n']} | {r['heads']} | "
+            f"{r['head_dim']} | {r['k']} | {r['lengths']} | {_fmt(r['ours_us'])} | "
+            f"{_fmt(r['ours_wall_us'])} | {_fmt(r['jax_path_us'])} | "
+            f"{_fmt(r.get('jax_path_filtered_us'))} | {_fmt(r.get('logits_then_filtered_us'))} | "
+            f"{_fmt(r.get('compute_floor_us'))} | {_fmt(r.get('floor_us'))} | "
+            f"{_fmt_rate(r['tflops'])} | {'-' if of_rate is None else f'{of_rate:.0%}'} | "
+            f"{r['jax_path_us'] / r['ours_us']:.1f}x | "
+            f"{'-' if overlap is None else f'{overlap:.2%}'} | "
+            f"{'yes' if r.get('matches_contract') else 'NO'} |"
+        )
+    return (
+        "### The lightning indexer (SPEC section 9)\n\n"
+        "q [M, H, D] and keys [N, D] in the dtype named (fp8 keys with one float32 scale a "
+        "key), float32 weights [M, H]; M consecutive queries of one sequence, query t seeing "
+        "N - M + t + 1 keys ('causal'). 'JAX path': what a JAX user writes today, "
+        "einsum('mhd,nd->mhn') to float32 products, relu, the weighted sum over the heads, "
+        "-inf past the lengths (over chunks of rows where [M, H, N] passes 8 GB), followed by "
+        "jax.lax.top_k for indexer_topk; the next two columns replace that top-k by "
+        "topk_filtered, or the JAX scores by our indexer_logits. Compute floor: 2 H D FLOPs "
+        "a visible pair at the matrix rate of an 8192^3 matmul of the rows' dtype measured in "
+        "the same run; memory floor: the inputs read and the output written once at the "
+        "copy bandwidth; TFLOP/s: ours over the visible pairs. 'same as JAX path': the share "
+        "of our positions that the JAX path with topk_filtered selects too (rounding may "
+        "reorder near-equal logits). 'checked': indexer_topk equals "
+        "topk_filtered(indexer_logits) bit for bit and the JAX path's two top-ks agree; for "
+        "indexer_logits, within twice SPEC section 9's bound of a float32 reference (first "
+        "and last 8 rows).\n\n" + "\n".join(lines)
+    )
+
+
 def _describe(records: list[dict]) -> str:
     first = records[0] if records else {}
     dates = sorted({r["date"] for r in records})
@@ -101,8 +163,22 @@ def _describe(records: list[dict]) -> str:
     )
 
 
-# A panel: (title, which records, x axis, the text of the line a record is on). The x axis
-# is a record key (log scale) or "shape" (one category per rows x n, by total size).
+PEERS = (  # (record key, colour, line style, name): a colour a peer, a marker a line
+    ("ours_us", "tab:blue", "-", "ours"),
+    ("lax_top_k_us", "tab:orange", "--", "lax.top_k"),
+    ("torch_topk_us", "tab:green", ":", "torch.topk"),
+    ("floor_us", "tab:gray", "-.", "HBM floor"),
+)
+INDEXER_PEERS = (
+    ("ours_us", "tab:blue", "-", "ours"),
+    ("jax_path_us", "tab:orange", "--", "JAX path"),
+    ("jax_path_filtered_us", "tab:green", ":", "JAX scores + topk_filtered"),
+    ("logits_then_filtered_us", "tab:purple", (0, (3, 1, 1, 1)), "our logits + topk_filtered"),
+    ("compute_floor_us", "tab:gray", "-.", "compute floor"),
+)
+# A panel: (title, which records, x axis, the text of the line a record is on, the peers
+# drawn). The x axis is a record key (log scale) or "shape" (one category per rows x n, by
+# total size).
 PANELS = (
     (
         "topk_bf16 (k, lengths)",
@@ -140,17 +216,21 @@ PANELS = (
         "shape",
         lambda r: f"{r['dtype']} k={r['k']} {r['lengths']}",
     ),
-)
-PEERS = (  # (record key, colour, line style, name): a colour a peer, a marker a line
-    ("ours_us", "tab:blue", "-", "ours"),
-    ("lax_top_k_us", "tab:orange", "--", "lax.top_k"),
-    ("torch_topk_us", "tab:green", ":", "torch.topk"),
-    ("floor_us", "tab:gray", "-.", "HBM floor"),
+    *(
+        (
+            f"{op} causal chunks (dtype)",
+            lambda r, op=op: r["op"] == op,
+            "shape",
+            lambda r: r["dtype"],
+            INDEXER_PEERS,
+        )
+        for op in ("indexer_logits", "indexer_topk")
+    ),
 )
 MARKERS = "osD^vx*P"
 
 
-def _plot_panel(ax, title, group, xkey, line_of) -> None:
+def _plot_panel(ax, title, group, xkey, line_of, peers=PEERS) -> None:
     from matplotlib.ticker import NullFormatter
 
     shapes = sorted({(r["rows"], r["n"]) for r in group}, key=lambda s: s[0] * s[1])
@@ -162,7 +242,7 @@ def _plot_panel(ax, title, group, xkey, line_of) -> None:
         else:
             points = sorted(on_line, key=lambda r: r[xkey])
             xs = [r[xkey] for r in points]
-        for key, colour, style, name in PEERS:
+        for key, colour, style, name in peers:
             ys = [r.get(key) for r in points]
             if all(y is not None for y in ys):
                 ax.plot(xs, ys, marker=marker, color=colour, ls=style, label=f"{name} {line}")
@@ -202,8 +282,10 @@ def write_report(records: list[dict], json_path: str, this_run: str | None = Non
     except ImportError:
         print("matplotlib is not installed: no plot")
         return
-    panels = [(t, [r for r in records if keep(r)], x, line) for t, keep, x, line in PANELS]
+    panels = [(title, [r for r in records if keep(r)], *rest) for title, keep, *rest in PANELS]
     panels = [panel for panel in panels if panel[1]]
+    if not panels:
+        return
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 5 * rows), squeeze=False)
