@@ -78,6 +78,99 @@ __device__ __forceinline__ void WriteValue(const TopkProblem& problem, int64_t i
   }
 }
 
+// Rank order (key descending, then column ascending) sorts only the key bits that tell the
+// winners apart: the bits of the row type's own key (a float32 key of a bfloat16 value has 16 low
+// bits that carry nothing, of a float16 value 13: KeyShift) and, of those, the span between the
+// winners' lowest and highest key. Where that span and the column fit 32 bits together (16-bit
+// rows, usually: ~8 key bits and 17 column bits at 131072 columns), one keys-only sort of the
+// composite (key - low, reversed column) does it in ceil(bits / radix bits) passes; else a stable
+// sort by column, then a descending sort by key - low over the span's bits.
+struct KeyRange {
+  int shift;     // low key bits every key of the row type has in common with its sign
+  uint32_t low;  // the lowest and highest key >> shift among the winners
+  uint32_t high;
+};
+
+__device__ __forceinline__ int KeyShift(ScoreType type) {
+  return type == ScoreType::kBfloat16 ? 16 : (type == ScoreType::kFloat16 ? 13 : 0);
+}
+// key >> shift -> key: the dropped bits are 0 for a positive key, 1s for a negative one (the
+// widened 16-bit value's low bits are zero).
+__device__ __forceinline__ uint32_t KeyFromShifted(uint32_t shifted, int shift) {
+  const uint32_t key = shifted << shift;
+  return (key & 0x80000000u) ? key : key | ((1u << shift) - 1u);
+}
+
+// The winners' key range (keys blocked, m of them valid), over the block: each warp's into
+// s.warp_key_range; read after the caller's barrier (so the result is only valid after it).
+__device__ __forceinline__ KeyRange WinnersKeyRange(SharedStorage& s, ScoreType type,
+                                                    const uint32_t (&keys)[kSortItemsPerThread],
+                                                    int m) {
+  KeyRange range{KeyShift(type), 0xFFFFFFFFu, 0u};
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) {
+      range.low = min(range.low, keys[j] >> range.shift);
+      range.high = max(range.high, keys[j] >> range.shift);
+    }
+  }
+  range.low = __reduce_min_sync(kFullMask, range.low);
+  range.high = __reduce_max_sync(kFullMask, range.high);
+  if (threadIdx.x % kWarpSize == 0)
+    s.warp_key_range[threadIdx.x / kWarpSize] = make_uint2(range.low, range.high);
+  return range;
+}
+
+// Sorts the blocked (keys, cols) into rank order, striped (see KeyRange); range is the warps'
+// partial range from WinnersKeyRange, completed here after the caller's barrier.
+__device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int column_bits, int m,
+                                           uint32_t (&keys)[kSortItemsPerThread],
+                                           uint32_t (&cols)[kSortItemsPerThread]) {
+#pragma unroll
+  for (int w = 0; w < kWarpsPerBlock; ++w) {
+    const uint2 warp_range = s.warp_key_range[w];
+    range.low = min(range.low, warp_range.x);
+    range.high = max(range.high, warp_range.y);
+  }
+  const uint32_t span = range.high - range.low;  // no wrap: every key >> shift is below 2^32
+  const int span_bits = 32 - __clz(span);
+  if (span_bits + column_bits <= 32) {
+    // Composite: (key - low) above the reversed column, so that a larger key, then a lower
+    // column, sorts first; every winner's is >= 1 (column < 2^column_bits - 1), padding 0.
+    const uint32_t column_mask = (1u << column_bits) - 1u;
+    uint32_t composite[kSortItemsPerThread];
+#pragma unroll
+    for (int j = 0; j < kSortItemsPerThread; ++j) {
+      const bool valid = static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m;
+      composite[j] =
+          valid ? (((keys[j] >> range.shift) - range.low) << column_bits) | (column_mask - cols[j])
+                : 0u;
+    }
+    RankKeySort(s.work.rank_key_sort)
+        .SortDescendingBlockedToStriped(composite, 0, span_bits + column_bits);
+#pragma unroll
+    for (int j = 0; j < kSortItemsPerThread; ++j) {
+      cols[j] = column_mask - (composite[j] & column_mask);
+      keys[j] = KeyFromShifted(range.low + (composite[j] >> column_bits), range.shift);
+    }
+    return;
+  }
+  // key - low + 1 for a winner (padding 0 sorts last), over the bits of span + 1.
+  const int relative_bits = 32 - __clz(span + 1u);  // span + 1 <= 2^32 - 1: keys are not NaN
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    const bool valid = static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m;
+    keys[j] = valid ? (keys[j] >> range.shift) - range.low + 1u : 0u;
+  }
+  RankSort sort(s.work.rank_sort);
+  sort.Sort(cols, keys, 0, column_bits);  // then a stable sort by key keeps ties in column order
+  __syncthreads();
+  sort.SortDescendingBlockedToStriped(keys, cols, 0, relative_bits);
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j)
+    keys[j] = KeyFromShifted(keys[j] + range.low - 1u, range.shift);
+}
+
 // Writes m winners to out slots [first_slot, first_slot + m) and, with pad, kEmptySlot to the
 // slots after them up to k: ascending, or by key descending then column ascending when sorted;
 // page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
@@ -124,16 +217,14 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
     cols[j] = slot < m ? s.work.selected.col[slot] : 0xFFFFFFFFu;
     keys[j] = slot < m ? OrderedKeyF32(s.work.selected.bits[slot]) : 0u;  // 0: below every key
   }
-  __syncthreads();  // the sort storage aliases the selection
+  KeyRange range{};
+  if (problem.sorted && m > 1) range = WinnersKeyRange(s, problem.score_type, keys, m);
+  __syncthreads();  // the sort storage aliases the selection; the warps' key ranges are in
   if (m > 1) {
     // Columns are < length < 2^column_bits, so the padding stays above them.
     const int column_bits = 32 - __clz(static_cast<int>(s.job.length));
     if (problem.sorted) {
-      RankSort sort(s.work.rank_sort);
-      sort.Sort(cols, keys, 0,
-                column_bits);  // then a stable sort by key keeps ties in column order
-      __syncthreads();
-      sort.SortDescendingBlockedToStriped(keys, cols, 0, 32);
+      SortByRank(s, range, column_bits, m, keys, cols);
     } else if (with_values) {  // the keys ride along as the sort's values
       RankSort(s.work.rank_sort).SortBlockedToStriped(cols, keys, 0, column_bits);
     } else {
