@@ -171,6 +171,52 @@ __device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int
     keys[j] = KeyFromShifted(keys[j] + range.low - 1u, range.shift);
 }
 
+// Rank order of at most kWarpSortItems winners, in place in s.work.selected, by the first warp
+// alone (no block barriers): a bitonic network over 64-bit (key, reversed column) composites, two a
+// lane, whose partners are the lane's other register or a shuffle away. The block's radix sort
+// would take its passes over all kMaxK slots for a handful of winners (top_k's k = 50, say).
+constexpr int kWarpSortItems = 2 * kWarpSize;
+
+__device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  uint64_t item[2];  // item r is element r * 32 + lane; 0 (padding) is below every winner's
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int slot = r * kWarpSize + lane;
+    item[r] = slot < m ? (uint64_t{OrderedKeyF32(s.work.selected.bits[slot])} << 32) |
+                             (0xFFFFFFFFu - s.work.selected.col[slot])
+                       : 0u;
+  }
+#pragma unroll
+  for (int size = 2; size <= kWarpSortItems; size <<= 1) {  // descending overall
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride == kWarpSize) {  // partners in this lane's two registers
+        const uint64_t high = max(item[0], item[1]);
+        item[1] = min(item[0], item[1]);
+        item[0] = high;
+        continue;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint64_t other = __shfl_xor_sync(kFullMask, item[r], stride);
+        const bool lower = (lane & stride) == 0;
+        const bool descending = ((r * kWarpSize + lane) & size) == 0;
+        item[r] = lower == descending ? max(item[r], other) : min(item[r], other);
+      }
+    }
+  }
+  __syncwarp();  // every lane has read its items
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int slot = r * kWarpSize + lane;
+    if (slot < m) {
+      s.work.selected.bits[slot] = BitsFromOrderedKeyF32(static_cast<uint32_t>(item[r] >> 32));
+      s.work.selected.col[slot] = 0xFFFFFFFFu - static_cast<uint32_t>(item[r]);
+    }
+  }
+}
+
 // Writes m winners to out slots [first_slot, first_slot + m) and, with pad, kEmptySlot to the
 // slots after them up to k: ascending, or by key descending then column ascending when sorted;
 // page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
@@ -211,16 +257,22 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
   }
   uint32_t cols[kSortItemsPerThread];
   uint32_t keys[kSortItemsPerThread];
+  const bool few = problem.sorted && m <= kWarpSortItems;  // one warp sorts them in place
+  if (few) {
+    if (threadIdx.x < kWarpSize) SortFewByRank(s, m);
+    __syncthreads();
+  }
 #pragma unroll
-  for (int j = 0; j < kSortItemsPerThread; ++j) {  // blocked; padding sorts last both ways
-    const int slot = threadIdx.x * kSortItemsPerThread + j;
-    cols[j] = slot < m ? s.work.selected.col[slot] : 0xFFFFFFFFu;
+  for (int j = 0; j < kSortItemsPerThread; ++j) {  // blocked (striped when few: sorted already)
+    const int slot =
+        few ? threadIdx.x + kThreadsPerBlock * j : threadIdx.x * kSortItemsPerThread + j;
+    cols[j] = slot < m ? s.work.selected.col[slot] : 0xFFFFFFFFu;  // padding sorts last both ways
     keys[j] = slot < m ? OrderedKeyF32(s.work.selected.bits[slot]) : 0u;  // 0: below every key
   }
   KeyRange range{};
-  if (problem.sorted && m > 1) range = WinnersKeyRange(s, problem.score_type, keys, m);
+  if (problem.sorted && !few && m > 1) range = WinnersKeyRange(s, problem.score_type, keys, m);
   __syncthreads();  // the sort storage aliases the selection; the warps' key ranges are in
-  if (m > 1) {
+  if (m > 1 && !few) {
     // Columns are < length < 2^column_bits, so the padding stays above them.
     const int column_bits = 32 - __clz(static_cast<int>(s.job.length));
     if (problem.sorted) {
