@@ -164,9 +164,10 @@ struct SharedStorage {
     RankKeySort::TempStorage rank_key_sort;
     uint32_t bitmap[kBitmapColumns / 32];  // the winners' columns (unsorted rows or split parts)
   } work;
-  uint32_t hist[kDigitBins];             // all zero between uses
-  uint32_t warp_sums[kWarpsPerBlock];    // BlockExclusiveSum's per-warp totals
-  uint2 warp_key_range[kWarpsPerBlock];  // the winners' (lowest, highest) key of each warp
+  uint32_t hist[kDigitBins];                     // all zero between uses
+  uint32_t warp_sums[kWarpsPerBlock];            // BlockExclusiveSum's per-warp totals
+  uint2 warp_key_range[kWarpsPerBlock];          // the winners' (lowest, highest) key of each warp
+  uint32_t warp_bucket_largest[kWarpsPerBlock];  // the fullest rank-order bucket of each warp
   BinFound found[2];
   int kept;  // append counters; kept is read by the other blocks of a split row's cluster
   int frontier_count;

@@ -121,17 +121,21 @@ __device__ __forceinline__ KeyRange WinnersKeyRange(SharedStorage& s, ScoreType 
   return range;
 }
 
-// Sorts the blocked (keys, cols) into rank order, striped (see KeyRange); range is the warps'
-// partial range from WinnersKeyRange, completed here after the caller's barrier.
-__device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int column_bits, int m,
-                                           uint32_t (&keys)[kSortItemsPerThread],
-                                           uint32_t (&cols)[kSortItemsPerThread]) {
+// The block's key range from a warp's (WinnersKeyRange), after the caller's barrier.
+__device__ __forceinline__ KeyRange BlockKeyRange(const SharedStorage& s, KeyRange range) {
 #pragma unroll
   for (int w = 0; w < kWarpsPerBlock; ++w) {
     const uint2 warp_range = s.warp_key_range[w];
     range.low = min(range.low, warp_range.x);
     range.high = max(range.high, warp_range.y);
   }
+  return range;
+}
+
+// Sorts the blocked (keys, cols) into rank order, striped (see KeyRange; range: BlockKeyRange's).
+__device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int column_bits, int m,
+                                           uint32_t (&keys)[kSortItemsPerThread],
+                                           uint32_t (&cols)[kSortItemsPerThread]) {
   const uint32_t span = range.high - range.low;  // no wrap: every key >> shift is below 2^32
   const int span_bits = 32 - __clz(span);
   if (span_bits + column_bits <= 32) {
@@ -217,6 +221,100 @@ __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
   }
 }
 
+// Rank order by buckets: the composite c = (key - low, reversed column) (see KeyRange; up to 63
+// bits) is a total order whose descending order is rank order. Its top kBucketBits bits pick one
+// of kDigitBins buckets (s.hist counts them, one block scan places them: bucket b's winners go
+// before bucket b+1's, the largest first); each winner is put at a free place of its bucket, and
+// its rank is its bucket's start plus the members of its bucket with a larger c. Six barriers,
+// where a radix sort takes about four a pass (seven passes of a bfloat16 row's 26-bit composite).
+// Buckets hold ~5-15 winners on normal rows (a bfloat16 key's ties split by their columns' high
+// bits); when one holds more than kBucketLimit (rows of few distinct keys), returns false having
+// changed nothing but s.work (dead: the winners are in registers) and the radix sort does it.
+constexpr int kBucketBits = 11;  // kDigitBins buckets
+constexpr int kBucketLimit = 64;
+static_assert(1 << kBucketBits == kDigitBins, "one bucket per s.hist bin");
+static_assert(2 * kDigitBins + 1 <= kFrontierCapacity, "bucket starts and cursors in s.work");
+
+__device__ __forceinline__ bool WriteRankOrderByBuckets(
+    SharedStorage& s, const TopkProblem& problem, const KeyRange& range, int column_bits, int m,
+    const uint32_t (&keys)[kSortItemsPerThread], const uint32_t (&cols)[kSortItemsPerThread],
+    int32_t* out, int64_t out_offset, const int32_t* page_row, int slots) {
+  const int span_bits = 32 - __clz(range.high - range.low);
+  const int bucket_shift = max(span_bits + column_bits - kBucketBits, 0);
+  const uint32_t column_mask = (1u << column_bits) - 1u;
+  uint64_t composite[kSortItemsPerThread];
+  int bin[kSortItemsPerThread];  // the largest composites in bin 0
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    const bool valid = static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m;
+    composite[j] =
+        (uint64_t{(keys[j] >> range.shift) - range.low} << column_bits) | (column_mask - cols[j]);
+    bin[j] = kDigitBins - 1 - static_cast<int>(composite[j] >> bucket_shift);
+    if (valid) atomicAdd(&s.hist[bin[j]], 1u);
+  }
+  __syncthreads();
+  // Each thread's kBinsPerThread adjacent bins: counts out (s.hist zero again), starts in.
+  const int first_bin = static_cast<int>(threadIdx.x) * kBinsPerThread;
+  uint32_t counts[kBinsPerThread];
+  uint32_t in_bins = 0;
+  uint32_t largest = 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    counts[b] = s.hist[first_bin + b];
+    s.hist[first_bin + b] = 0;
+    in_bins += counts[b];
+    largest = max(largest, counts[b]);
+  }
+  largest = __reduce_max_sync(kFullMask, largest);
+  if (threadIdx.x % kWarpSize == 0) s.warp_bucket_largest[threadIdx.x / kWarpSize] = largest;
+  uint32_t total;
+  uint32_t start = BlockExclusiveSum(s.warp_sums, in_bins, total);  // its barrier publishes both
+#pragma unroll
+  for (int w = 0; w < kWarpsPerBlock; ++w) largest = max(largest, s.warp_bucket_largest[w]);
+  if (largest > kBucketLimit) return false;                          // block-uniform
+  uint32_t* const bucket_start = s.work.frontier;                    // [kDigitBins + 1]
+  uint32_t* const bucket_cursor = s.work.frontier + kDigitBins + 1;  // [kDigitBins]
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    bucket_start[first_bin + b] = start;
+    bucket_cursor[first_bin + b] = start;
+    start += counts[b];
+  }
+  if (threadIdx.x == 0) bucket_start[kDigitBins] = static_cast<uint32_t>(m);
+  __syncthreads();
+  uint2* const placed = s.candidates;  // dead since the selection
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) {
+      const uint32_t at = atomicAdd(&bucket_cursor[bin[j]], 1u);
+      placed[at] = make_uint2(static_cast<uint32_t>(composite[j] >> 32),
+                              static_cast<uint32_t>(composite[j]));
+    }
+  }
+  __syncthreads();
+  const bool with_values = problem.values != nullptr;
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) {
+      const uint32_t end = bucket_start[bin[j] + 1];
+      uint32_t rank = bucket_start[bin[j]];
+      for (uint32_t q = rank; q < end; ++q) {
+        const uint2 other = placed[q];
+        rank += ((uint64_t{other.x} << 32) | other.y) > composite[j];
+      }
+      const uint32_t col = cols[j];
+      out[rank] = PageTransform(static_cast<int32_t>(col), page_row, problem.log2_page_size);
+      if (with_values) WriteValue(problem, out_offset + rank, BitsFromOrderedKeyF32(keys[j]));
+    }
+  }
+  for (int slot = m + static_cast<int>(threadIdx.x); slot < slots; slot += kThreadsPerBlock) {
+    out[slot] = kEmptySlot;
+    if (with_values) WriteValue(problem, out_offset + slot, kNegInfF32Bits);
+  }
+  __syncthreads();  // the buffers are reused by the next row
+  return true;
+}
+
 // Writes m winners to out slots [first_slot, first_slot + m) and, with pad, kEmptySlot to the
 // slots after them up to k: ascending, or by key descending then column ascending when sorted;
 // page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
@@ -276,6 +374,11 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
     // Columns are < length < 2^column_bits, so the padding stays above them.
     const int column_bits = 32 - __clz(static_cast<int>(s.job.length));
     if (problem.sorted) {
+      range = BlockKeyRange(s, range);
+      if (WriteRankOrderByBuckets(s, problem, range, column_bits, m, keys, cols, out, out_offset,
+                                  page_row, slots)) {
+        return;
+      }
       SortByRank(s, range, column_bits, m, keys, cols);
     } else if (with_values) {  // the keys ride along as the sort's values
       RankSort(s.work.rank_sort).SortBlockedToStriped(cols, keys, 0, column_bits);
