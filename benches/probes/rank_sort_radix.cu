@@ -26,12 +26,14 @@ __global__ void __launch_bounds__(kThreads, 2) SortLoop(const unsigned* in, unsi
       sort.SortDescendingBlockedToStriped(keys, cols, 0, 32);
     } else {
       using K = cub::BlockRadixSort<unsigned, kThreads, kItems, cub::NullType, kVariant>;
-      K(*reinterpret_cast<typename K::TempStorage*>(smem)).SortDescendingBlockedToStriped(keys, 0, 26);
+      K(*reinterpret_cast<typename K::TempStorage*>(smem))
+          .SortDescendingBlockedToStriped(keys, 0, 26);
     }
     __syncthreads();
     for (int j = 0; j < kItems; ++j) keys[j] = keys[j] * 2654435761u >> 6;  // reshuffle, 26 bits
   }
-  for (int j = 0; j < kItems; ++j) out[blockIdx.x * 2048 + threadIdx.x + kThreads * j] = keys[j] ^ cols[j];
+  for (int j = 0; j < kItems; ++j)
+    out[blockIdx.x * 2048 + threadIdx.x + kThreads * j] = keys[j] ^ cols[j];
 }
 
 template <int kVariant>
