@@ -296,3 +296,29 @@ def test_filtered_values_match_cpu_bits(dtype, rows):
                 np.testing.assert_array_equal(
                     gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"), err_msg=family
                 )
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT)
+def test_filtered_16bit_rank_order_at_the_composite_key_limit(dtype):
+    """Rank order of 16-bit rows sorts one 32-bit composite of (key - lowest key, column) when
+    the winners' key span and the column fit 32 bits together, else sorts by column then key: a
+    131072-column row (18 column bits) whose 2048 winners span 2^14 - 1 keys (fits) or 2^14 (does
+    not), ties and both ends included, indices and values."""
+    rng = np.random.default_rng(14)
+    n, k = 131072, 2048
+    rows = []
+    for span in (2**14 - 1, 2**14, 2**14 - 1, 2**14):
+        bits = np.full(n, 0xBF80, np.uint16)  # -1.0 in bfloat16: below every winner
+        winners = rng.integers(0x0100, 0x0100 + span + 1, size=k).astype(np.uint16)
+        winners[:2] = [0x0100, 0x0100 + span]
+        bits[rng.choice(n, size=k, replace=False)] = winners
+        rows.append(bits)
+    scores = families.from_bits(np.stack(rows), np.dtype("bfloat16"))
+    if dtype == "float16":  # the same row's values as float16 (a different span of keys)
+        scores = np.clip(scores.astype(np.float32), -60000, 60000).astype(np.float16)
+    lengths = np.array([n, n, n - 5, n - 5], np.int32)
+    assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=True)
+    gpu = top_k_on("gpu", scores, k, lengths, True)
+    cpu = top_k_on("cpu", scores, k, lengths, True)
+    np.testing.assert_array_equal(gpu[1], cpu[1])
+    np.testing.assert_array_equal(gpu[0].view(np.uint16), cpu[0].view(np.uint16))

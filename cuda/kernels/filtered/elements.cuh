@@ -34,6 +34,10 @@ struct RowElements<ScoreType::kBfloat16> {
   __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
     return static_cast<uint32_t>(bits) << 16;
   }
+  // The two elements of a 32-bit word (the lower column in the low half), widened: one
+  // instruction each.
+  __device__ __forceinline__ static uint32_t WidenLow(uint32_t word) { return word << 16; }
+  __device__ __forceinline__ static uint32_t WidenHigh(uint32_t word) { return word & 0xFFFF0000u; }
 };
 template <>
 struct RowElements<ScoreType::kFloat16> {
@@ -42,17 +46,28 @@ struct RowElements<ScoreType::kFloat16> {
   __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
     return __float_as_uint(__half2float(__ushort_as_half(bits)));
   }
+  __device__ __forceinline__ static uint32_t WidenLow(uint32_t word) {
+    return Widen(static_cast<unsigned short>(word & 0xFFFFu));
+  }
+  __device__ __forceinline__ static uint32_t WidenHigh(uint32_t word) {
+    return Widen(static_cast<unsigned short>(word >> 16));
+  }
 };
 
 // A 16-byte chunk's elements and the column stride between a thread's chunks of one tile (each
 // warp load covers 512 contiguous bytes); a thread holds kFilterItems (kScanItems) values of a
-// tile in kFilterChunks (kScanChunks) chunks.
+// tile in kFilterChunks (kScanChunks) chunks; a filtering tile is kFilterTile columns, and the
+// filtering pass prefetches kPrefetchAhead columns ahead (layout.cuh: the same bytes every type).
 template <class Elements>
 constexpr int kChunkElems = 16 / static_cast<int>(sizeof(typename Elements::Storage));
 template <class Elements>
 constexpr int kChunkStride = kChunkElems<Elements> * kThreadsPerBlock;
 template <class Elements>
-constexpr int kFilterChunks = kFilterItems / kChunkElems<Elements>;
+constexpr int kFilterItems = kFilterChunks * kChunkElems<Elements>;
+template <class Elements>
+constexpr int kFilterTile = kFilterItems<Elements> * kThreadsPerBlock;
+template <class Elements>
+constexpr int kPrefetchAhead = kPrefetchTiles * kFilterTile<Elements>;
 template <class Elements>
 constexpr int kScanChunks = kScanItems / kChunkElems<Elements>;
 

@@ -2,8 +2,8 @@
 // its own element type, widened to float32; the row pulled into L2 kPrefetchAhead columns ahead)
 // appends every value >= a threshold to a sink: s.candidates first, then this block's workspace
 // slice, counted past the slice's end so that the caller sees the overflow. Every thread tests its
-// 16 values into a bit mask; only a warp with a hit counts and appends, and only a thread's hits
-// cost more.
+// 16 (float32) or 32 (16-bit) values into a bit mask; only a warp with a hit counts and appends,
+// and only a thread's hits cost more.
 //
 // Contract: FilterColumns is called by every thread of the block with block-uniform arguments.
 // It owns s.kept (zeroed, then one atomic per warp) and writes s.candidates; a barrier opens it,
@@ -50,13 +50,13 @@ __device__ __forceinline__ bool KeepsAll(uint32_t cutoff) {
 
 // values[i] for a runtime i, by a tree of selects over the bits of i (halving the candidates per
 // bit): a dynamic index into a register array would put the array in local memory.
-template <int kItems>
-__device__ __forceinline__ float SelectItem(const float (&values)[kItems], int i) {
+template <class Item, int kItems>
+__device__ __forceinline__ Item SelectItem(const Item (&values)[kItems], int i) {
   if constexpr (kItems == 1) {
     return values[0];
   } else {
     static_assert(kItems % 2 == 0, "a power of two");
-    float halved[kItems / 2];
+    Item halved[kItems / 2];
     const bool odd = i & 1;
 #pragma unroll
     for (int j = 0; j < kItems / 2; ++j) halved[j] = odd ? values[2 * j + 1] : values[2 * j];
@@ -64,19 +64,15 @@ __device__ __forceinline__ float SelectItem(const float (&values)[kItems], int i
   }
 }
 
-// Appends this warp's values >= threshold; item i of a thread is column
-// first_col + (i / kElems) * kStride + i % kElems (kElems elements a chunk, kStride apart). One
-// shared atomic per warp; then each thread walks only its own hits (a bit mask), so a tile costs a
-// compare per value plus a few instructions per hit, and nothing past the vote when the warp has
-// none.
-template <int kElems, int kStride, int kItems>
-__device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
-                                           const float (&values)[kItems], uint32_t first_col,
-                                           float threshold) {
-  static_assert(kItems <= 32, "one bit per item");
-  uint32_t hits = 0;
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) hits |= static_cast<uint32_t>(values[i] >= threshold) << i;
+// Appends this warp's hits (bit i of `hits`: this thread's item i is kept; item_bits(i) gives its
+// value bits); item i of a thread is column first_col + (i / kElems) * kStride + i % kElems
+// (kElems elements a chunk, kStride apart). One shared atomic per warp; then each thread walks
+// only its own hits, so a tile costs a compare per value plus a few instructions per hit, and
+// nothing past the vote when the warp has none.
+template <int kElems, int kStride, class ItemBits>
+__device__ __forceinline__ void AppendHitMask(SharedStorage& s, const CandidateSink& sink,
+                                              uint32_t hits, uint32_t first_col,
+                                              const ItemBits& item_bits) {
   if (!__any_sync(kFullMask, hits != 0)) return;
   const int mine = __popc(hits);
   const int inclusive = WarpInclusiveSum(mine);
@@ -89,7 +85,7 @@ __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink
   for (; hits != 0; hits &= hits - 1) {
     const int i = __ffs(hits) - 1;
     const uint32_t col = first_col + (i / kElems) * kStride + i % kElems;
-    const uint2 candidate = make_uint2(__float_as_uint(SelectItem(values, i)), col);
+    const uint2 candidate = make_uint2(item_bits(i), col);
     if (in_shared) {
       s.candidates[position++] = candidate;
     } else {
@@ -98,7 +94,51 @@ __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink
   }
 }
 
-// One tile of kFilterTile columns from `tile` (16-byte aligned), bounded by `end` if kBounded.
+// Appends this warp's values >= threshold (items as in AppendHitMask).
+template <int kElems, int kStride, int kItems>
+__device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
+                                           const float (&values)[kItems], uint32_t first_col,
+                                           float threshold) {
+  static_assert(kItems <= 32, "one bit per item");
+  uint32_t hits = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) hits |= static_cast<uint32_t>(values[i] >= threshold) << i;
+  AppendHitMask<kElems, kStride>(s, sink, hits, first_col,
+                                 [&](int i) { return __float_as_uint(SelectItem(values, i)); });
+}
+
+// A 16-bit element that is missing (past the row's end): a NaN of bfloat16 and of float16, which
+// widens to a float32 NaN.
+constexpr unsigned short kMissing16 = 0x7FFFu;
+
+// The four 32-bit words (two 16-bit elements each, the lower column in the low half) of the
+// 16-byte chunk at `at`; with kBounded, elements past the `available` ones read as kMissing16.
+template <class Elements, bool kBounded>
+__device__ __forceinline__ void LoadWords(const typename Elements::Storage* at, int64_t available,
+                                          uint32_t (&words)[4]) {
+  constexpr int kElems = kChunkElems<Elements>;
+  if constexpr (kBounded) {
+    if (available < kElems) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t low = 2 * w < available ? __ldcs(at + 2 * w) : kMissing16;
+        const uint32_t high = 2 * w + 1 < available ? __ldcs(at + 2 * w + 1) : kMissing16;
+        words[w] = low | (high << 16);
+      }
+      return;
+    }
+  }
+  const uint4 chunk = __ldcs(reinterpret_cast<const uint4*>(at));
+  words[0] = chunk.x;
+  words[1] = chunk.y;
+  words[2] = chunk.z;
+  words[3] = chunk.w;
+}
+
+// One tile of kFilterTile<Elements> columns from `tile` (16-byte aligned), bounded by `end` if
+// kBounded. float32 rows keep their 16 values in flight as floats; 16-bit rows keep their 32 as
+// 16 packed words (the same 64 bytes and registers), widened one instruction each for the compare
+// and again for a hit's value.
 template <class Elements, bool kBounded>
 __device__ __forceinline__ void FilterTile(SharedStorage& s, const typename Elements::Storage* row,
                                            int tile, int end, float threshold,
@@ -107,13 +147,40 @@ __device__ __forceinline__ void FilterTile(SharedStorage& s, const typename Elem
   constexpr int kStride = kChunkStride<Elements>;
   const uint32_t first = tile + kElems * threadIdx.x;  // no wrap: tile < 2^31
   const typename Elements::Storage* at = row + first;
-  float values[kFilterItems];
+  if constexpr (kElems == 4) {
+    float values[kFilterItems<Elements>];
 #pragma unroll
-  for (int c = 0; c < kFilterChunks<Elements>; ++c) {
-    LoadChunk<Elements, kBounded>(at + kStride * c, int64_t{end} - first - kStride * c,
-                                  values + kElems * c);
+    for (int c = 0; c < kFilterChunks; ++c) {
+      LoadChunk<Elements, kBounded>(at + kStride * c, int64_t{end} - first - kStride * c,
+                                    values + kElems * c);
+    }
+    AppendHits<kElems, kStride>(s, sink, values, first, threshold);
+  } else {
+    static_assert(kFilterItems<Elements> <= 32, "one bit per item");
+    uint32_t words[kFilterChunks][4];
+#pragma unroll
+    for (int c = 0; c < kFilterChunks; ++c) {
+      LoadWords<Elements, kBounded>(at + kStride * c, int64_t{end} - first - kStride * c, words[c]);
+    }
+    uint32_t packed[2 * kFilterChunks * 2];  // word j holds items 2j and 2j + 1
+    uint32_t hits = 0;
+#pragma unroll
+    for (int c = 0; c < kFilterChunks; ++c) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int j = 4 * c + w;
+        packed[j] = words[c][w];
+        hits |= static_cast<uint32_t>(__uint_as_float(Elements::WidenLow(packed[j])) >= threshold)
+                << (2 * j);
+        hits |= static_cast<uint32_t>(__uint_as_float(Elements::WidenHigh(packed[j])) >= threshold)
+                << (2 * j + 1);
+      }
+    }
+    AppendHitMask<kElems, kStride>(s, sink, hits, first, [&](int i) {
+      const uint32_t word = SelectItem(packed, i >> 1);
+      return (i & 1) ? Elements::WidenHigh(word) : Elements::WidenLow(word);
+    });
   }
-  AppendHits<kElems, kStride>(s, sink, values, first, threshold);
 }
 
 // Appends every non-NaN value >= threshold of columns [begin, end) to the sink, in no particular
@@ -135,8 +202,8 @@ __device__ __forceinline__ int FilterColumns(SharedStorage& s,
     AppendHits<1, 1>(s, sink, head, static_cast<uint32_t>(begin) + offset, threshold);
   }
   int tile = aligned;
-  for (; end - tile >= kFilterTile; tile += kFilterTile) {
-    PrefetchToL2(row, int64_t{tile} + kPrefetchAhead, end, kFilterTile);
+  for (; end - tile >= kFilterTile<Elements>; tile += kFilterTile<Elements>) {
+    PrefetchToL2(row, int64_t{tile} + kPrefetchAhead<Elements>, end, kFilterTile<Elements>);
     FilterTile<Elements, false>(s, row, tile, end, threshold, sink);
   }
   if (tile < end) FilterTile<Elements, true>(s, row, tile, end, threshold, sink);

@@ -32,12 +32,13 @@ constexpr int kBlocksPerSm = 2;
 
 // Rows are read in 16-byte chunks of e elements (4 float32 or 8 16-bit: elements.cuh); chunk c
 // of thread t in a tile starts at column e * (t + kThreadsPerBlock * c), so each warp load covers
-// 512 contiguous bytes. A thread keeps kFilterItems (filtering pass) or kScanItems (exact route)
-// values of a tile in flight, whatever their width: more would spill at 64 registers; the
-// filtering pass adds L2 prefetches (kPrefetchAhead) for memory parallelism. A tile is the same
-// number of columns for every element type.
-constexpr int kFilterItems = 16;
-constexpr int kFilterTile = kFilterItems * kThreadsPerBlock;
+// 512 contiguous bytes. In the filtering pass a thread keeps kFilterChunks chunks of a tile in
+// flight whatever the element width (64 bytes: 16 float32 or 32 16-bit values, so a tile is
+// kFilterTileBytes for every type and the bytes in flight do not halve for 16-bit rows: measured,
+// benches/NOTES.md "topk16-speed"); the exact route keeps kScanItems values of a tile (more would
+// spill at 64 registers). The filtering pass adds L2 prefetches (kPrefetchTiles tiles ahead).
+constexpr int kFilterChunks = 4;
+constexpr int kFilterTileBytes = 16 * kFilterChunks * kThreadsPerBlock;
 constexpr int kScanItems = 16;
 constexpr int kScanTile = kScanItems * kThreadsPerBlock;
 
@@ -72,12 +73,13 @@ constexpr int kRankSlack = 32;
 constexpr int kWholeRowRankSlack = 24;
 constexpr int kSecondaryFactor = 2;
 
-// The filtering pass pulls the row into L2 kPrefetchAhead columns ahead of its loads: memory
-// parallelism that costs no registers. The first of them are pulled while the sample is taken.
+// The filtering pass pulls the row into L2 kPrefetchTiles tiles (kPrefetchBytes) ahead of its
+// loads: memory parallelism that costs no registers. The first of them are pulled while the
+// sample is taken.
 constexpr int kPrefetchLineBytes = 128;
-constexpr int kPrefetchAhead = 2 * kFilterTile;
-static_assert(kPrefetchAhead * sizeof(float) <= kPrefetchLineBytes * kThreadsPerBlock,
-              "one line per thread, for the widest element");
+constexpr int kPrefetchTiles = 2;
+constexpr int kPrefetchBytes = kPrefetchTiles * kFilterTileBytes;
+static_assert(kPrefetchBytes <= kPrefetchLineBytes * kThreadsPerBlock, "one line per thread");
 
 // Unsorted results of rows up to kBitmapColumns are put in column order through a bitmap of the
 // row (one bit per column, up to kBitmapWordsPerThread words per thread). Measured
@@ -98,6 +100,12 @@ constexpr int kSuperBins = kDigitBins / kWarpSize;
 
 using ColumnSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread>;
 using RankSort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread, uint32_t>;
+// Rank order's one composite-key sort (winners.cuh SortByRank), kRankKeyRadixBits a pass:
+// measured (benches/probes/rank_sort_radix.cu, 2048 keys of 26 bits a block), 4 bits 9.9 us a
+// sort, 5 bits 11.1, 6 bits 13.1 (the counters' scan grows faster than the passes shrink).
+constexpr int kRankKeyRadixBits = 4;
+using RankKeySort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread,
+                                        cub::NullType, kRankKeyRadixBits>;
 
 // Cutoffs are ordered keys; a row keeps the non-NaN values whose key is >= the cutoff.
 struct Cutoffs {
@@ -152,10 +160,13 @@ struct SharedStorage {
     } selected;  // the winners, in no particular order
     ColumnSort::TempStorage column_sort;
     RankSort::TempStorage rank_sort;
+    RankKeySort::TempStorage rank_key_sort;
     uint32_t bitmap[kBitmapColumns / 32];  // the winners' columns (unsorted rows or split parts)
   } work;
-  uint32_t hist[kDigitBins];           // all zero between uses
-  uint32_t warp_sums[kWarpsPerBlock];  // BlockExclusiveSum's per-warp totals
+  uint32_t hist[kDigitBins];                     // all zero between uses
+  uint32_t warp_sums[kWarpsPerBlock];            // BlockExclusiveSum's per-warp totals
+  uint2 warp_key_range[kWarpsPerBlock];          // the winners' (lowest, highest) key of each warp
+  uint32_t warp_bucket_largest[kWarpsPerBlock];  // the fullest rank-order bucket of each warp
   BinFound found[2];
   int kept;  // append counters; kept is read by the other blocks of a split row's cluster
   int frontier_count;

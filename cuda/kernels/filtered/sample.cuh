@@ -42,21 +42,21 @@ __device__ __forceinline__ SampleSource LoadSample(const typename Elements::Stor
   return sample;
 }
 
-// Also pulls columns [prefetch_begin, prefetch_end) (up to kPrefetchAhead of them) into L2, behind
-// the sample's loads so that these are not queued after the prefetches, and records the sample's
-// largest key in s.sample_largest (zeroed when the job started).
+// Also pulls columns [prefetch_begin, prefetch_end) (up to kPrefetchAhead<Elements> of them) into
+// L2, behind the sample's loads so that these are not queued after the prefetches, and records the
+// sample's largest key in s.sample_largest (zeroed when the job started).
 template <class Elements>
 __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s,
                                                  const typename Elements::Storage* row, int length,
                                                  int64_t row_index, int k, int rank_slack,
                                                  int prefetch_begin, int prefetch_end) {
   if (length <= kSharedCandidates) {  // short rows are kept whole
-    PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead);
+    PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead<Elements>);
     return {0, 0};
   }
   int positions = 0;
   const SampleSource sample = LoadSample<Elements>(row, length, row_index, positions);
-  PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead);
+  PrefetchToL2(row, prefetch_begin, prefetch_end, kPrefetchAhead<Elements>);
   uint32_t largest = 0;
 #pragma unroll
   for (int j = 0; j < kSampleLinesPerWarp; ++j) {

@@ -78,6 +78,243 @@ __device__ __forceinline__ void WriteValue(const TopkProblem& problem, int64_t i
   }
 }
 
+// Rank order (key descending, then column ascending) sorts only the key bits that tell the
+// winners apart: the bits of the row type's own key (a float32 key of a bfloat16 value has 16 low
+// bits that carry nothing, of a float16 value 13: KeyShift) and, of those, the span between the
+// winners' lowest and highest key. Where that span and the column fit 32 bits together (16-bit
+// rows, usually: ~8 key bits and 17 column bits at 131072 columns), one keys-only sort of the
+// composite (key - low, reversed column) does it in ceil(bits / radix bits) passes; else a stable
+// sort by column, then a descending sort by key - low over the span's bits.
+struct KeyRange {
+  int shift;     // low key bits every key of the row type has in common with its sign
+  uint32_t low;  // the lowest and highest key >> shift among the winners
+  uint32_t high;
+};
+
+__device__ __forceinline__ int KeyShift(ScoreType type) {
+  return type == ScoreType::kBfloat16 ? 16 : (type == ScoreType::kFloat16 ? 13 : 0);
+}
+// key >> shift -> key: the dropped bits are 0 for a positive key, 1s for a negative one (the
+// widened 16-bit value's low bits are zero).
+__device__ __forceinline__ uint32_t KeyFromShifted(uint32_t shifted, int shift) {
+  const uint32_t key = shifted << shift;
+  return (key & 0x80000000u) ? key : key | ((1u << shift) - 1u);
+}
+
+// The winners' key range (keys blocked, m of them valid), over the block: each warp's into
+// s.warp_key_range; read after the caller's barrier (so the result is only valid after it).
+__device__ __forceinline__ KeyRange WinnersKeyRange(SharedStorage& s, ScoreType type,
+                                                    const uint32_t (&keys)[kSortItemsPerThread],
+                                                    int m) {
+  KeyRange range{KeyShift(type), 0xFFFFFFFFu, 0u};
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) {
+      range.low = min(range.low, keys[j] >> range.shift);
+      range.high = max(range.high, keys[j] >> range.shift);
+    }
+  }
+  range.low = __reduce_min_sync(kFullMask, range.low);
+  range.high = __reduce_max_sync(kFullMask, range.high);
+  if (threadIdx.x % kWarpSize == 0)
+    s.warp_key_range[threadIdx.x / kWarpSize] = make_uint2(range.low, range.high);
+  return range;
+}
+
+// The block's key range from a warp's (WinnersKeyRange), after the caller's barrier.
+__device__ __forceinline__ KeyRange BlockKeyRange(const SharedStorage& s, KeyRange range) {
+#pragma unroll
+  for (int w = 0; w < kWarpsPerBlock; ++w) {
+    const uint2 warp_range = s.warp_key_range[w];
+    range.low = min(range.low, warp_range.x);
+    range.high = max(range.high, warp_range.y);
+  }
+  return range;
+}
+
+// Sorts the blocked (keys, cols) into rank order, striped (see KeyRange; range: BlockKeyRange's).
+__device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int column_bits, int m,
+                                           uint32_t (&keys)[kSortItemsPerThread],
+                                           uint32_t (&cols)[kSortItemsPerThread]) {
+  const uint32_t span = range.high - range.low;  // no wrap: every key >> shift is below 2^32
+  const int span_bits = 32 - __clz(span);
+  if (span_bits + column_bits <= 32) {
+    // Composite: (key - low) above the reversed column, so that a larger key, then a lower
+    // column, sorts first; every winner's is >= 1 (column < 2^column_bits - 1), padding 0.
+    const uint32_t column_mask = (1u << column_bits) - 1u;
+    uint32_t composite[kSortItemsPerThread];
+#pragma unroll
+    for (int j = 0; j < kSortItemsPerThread; ++j) {
+      const bool valid = static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m;
+      composite[j] =
+          valid ? (((keys[j] >> range.shift) - range.low) << column_bits) | (column_mask - cols[j])
+                : 0u;
+    }
+    RankKeySort(s.work.rank_key_sort)
+        .SortDescendingBlockedToStriped(composite, 0, span_bits + column_bits);
+#pragma unroll
+    for (int j = 0; j < kSortItemsPerThread; ++j) {
+      cols[j] = column_mask - (composite[j] & column_mask);
+      keys[j] = KeyFromShifted(range.low + (composite[j] >> column_bits), range.shift);
+    }
+    return;
+  }
+  // key - low + 1 for a winner (padding 0 sorts last), over the bits of span + 1.
+  const int relative_bits = 32 - __clz(span + 1u);  // span + 1 <= 2^32 - 1: keys are not NaN
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    const bool valid = static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m;
+    keys[j] = valid ? (keys[j] >> range.shift) - range.low + 1u : 0u;
+  }
+  RankSort sort(s.work.rank_sort);
+  sort.Sort(cols, keys, 0, column_bits);  // then a stable sort by key keeps ties in column order
+  __syncthreads();
+  sort.SortDescendingBlockedToStriped(keys, cols, 0, relative_bits);
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j)
+    keys[j] = KeyFromShifted(keys[j] + range.low - 1u, range.shift);
+}
+
+// Rank order of at most kWarpSortItems winners, in place in s.work.selected, by the first warp
+// alone (no block barriers): a bitonic network over 64-bit (key, reversed column) composites, two a
+// lane, whose partners are the lane's other register or a shuffle away. The block's radix sort
+// would take its passes over all kMaxK slots for a handful of winners (top_k's k = 50, say).
+constexpr int kWarpSortItems = 2 * kWarpSize;
+
+__device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  uint64_t item[2];  // item r is element r * 32 + lane; 0 (padding) is below every winner's
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int slot = r * kWarpSize + lane;
+    item[r] = slot < m ? (uint64_t{OrderedKeyF32(s.work.selected.bits[slot])} << 32) |
+                             (0xFFFFFFFFu - s.work.selected.col[slot])
+                       : 0u;
+  }
+#pragma unroll
+  for (int size = 2; size <= kWarpSortItems; size <<= 1) {  // descending overall
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride == kWarpSize) {  // partners in this lane's two registers
+        const uint64_t high = max(item[0], item[1]);
+        item[1] = min(item[0], item[1]);
+        item[0] = high;
+        continue;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint64_t other = __shfl_xor_sync(kFullMask, item[r], stride);
+        const bool lower = (lane & stride) == 0;
+        const bool descending = ((r * kWarpSize + lane) & size) == 0;
+        item[r] = lower == descending ? max(item[r], other) : min(item[r], other);
+      }
+    }
+  }
+  __syncwarp();  // every lane has read its items
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int slot = r * kWarpSize + lane;
+    if (slot < m) {
+      s.work.selected.bits[slot] = BitsFromOrderedKeyF32(static_cast<uint32_t>(item[r] >> 32));
+      s.work.selected.col[slot] = 0xFFFFFFFFu - static_cast<uint32_t>(item[r]);
+    }
+  }
+}
+
+// Rank order by buckets: the composite c = (key - low, reversed column) (see KeyRange; up to 63
+// bits) is a total order whose descending order is rank order. Its top kBucketBits bits pick one
+// of kDigitBins buckets (s.hist counts them, one block scan places them: bucket b's winners go
+// before bucket b+1's, the largest first); each winner is put at a free place of its bucket, and
+// its rank is its bucket's start plus the members of its bucket with a larger c. Six barriers,
+// where a radix sort takes about four a pass (seven passes of a bfloat16 row's 26-bit composite).
+// Buckets hold ~5-15 winners on normal rows (a bfloat16 key's ties split by their columns' high
+// bits); when one holds more than kBucketLimit (rows of few distinct keys), returns false having
+// changed nothing but s.work (dead: the winners are in registers) and the radix sort does it.
+constexpr int kBucketBits = 11;  // kDigitBins buckets
+constexpr int kBucketLimit = 64;
+static_assert(1 << kBucketBits == kDigitBins, "one bucket per s.hist bin");
+static_assert(2 * kDigitBins + 1 <= kFrontierCapacity, "bucket starts and cursors in s.work");
+
+__device__ __forceinline__ bool WriteRankOrderByBuckets(
+    SharedStorage& s, const TopkProblem& problem, const KeyRange& range, int column_bits, int m,
+    const uint32_t (&keys)[kSortItemsPerThread], const uint32_t (&cols)[kSortItemsPerThread],
+    int32_t* out, int64_t out_offset, const int32_t* page_row, int slots) {
+  const int span_bits = 32 - __clz(range.high - range.low);
+  const int bucket_shift = max(span_bits + column_bits - kBucketBits, 0);
+  const uint32_t column_mask = (1u << column_bits) - 1u;
+  uint64_t composite[kSortItemsPerThread];
+  int bin[kSortItemsPerThread];  // the largest composites in bin 0
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    const bool valid = static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m;
+    composite[j] =
+        (uint64_t{(keys[j] >> range.shift) - range.low} << column_bits) | (column_mask - cols[j]);
+    bin[j] = kDigitBins - 1 - static_cast<int>(composite[j] >> bucket_shift);
+    if (valid) atomicAdd(&s.hist[bin[j]], 1u);
+  }
+  __syncthreads();
+  // Each thread's kBinsPerThread adjacent bins: counts out (s.hist zero again), starts in.
+  const int first_bin = static_cast<int>(threadIdx.x) * kBinsPerThread;
+  uint32_t counts[kBinsPerThread];
+  uint32_t in_bins = 0;
+  uint32_t largest = 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    counts[b] = s.hist[first_bin + b];
+    s.hist[first_bin + b] = 0;
+    in_bins += counts[b];
+    largest = max(largest, counts[b]);
+  }
+  largest = __reduce_max_sync(kFullMask, largest);
+  if (threadIdx.x % kWarpSize == 0) s.warp_bucket_largest[threadIdx.x / kWarpSize] = largest;
+  uint32_t total;
+  uint32_t start = BlockExclusiveSum(s.warp_sums, in_bins, total);  // its barrier publishes both
+#pragma unroll
+  for (int w = 0; w < kWarpsPerBlock; ++w) largest = max(largest, s.warp_bucket_largest[w]);
+  if (largest > kBucketLimit) return false;                          // block-uniform
+  uint32_t* const bucket_start = s.work.frontier;                    // [kDigitBins + 1]
+  uint32_t* const bucket_cursor = s.work.frontier + kDigitBins + 1;  // [kDigitBins]
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    bucket_start[first_bin + b] = start;
+    bucket_cursor[first_bin + b] = start;
+    start += counts[b];
+  }
+  if (threadIdx.x == 0) bucket_start[kDigitBins] = static_cast<uint32_t>(m);
+  __syncthreads();
+  uint2* const placed = s.candidates;  // dead since the selection
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) {
+      const uint32_t at = atomicAdd(&bucket_cursor[bin[j]], 1u);
+      placed[at] = make_uint2(static_cast<uint32_t>(composite[j] >> 32),
+                              static_cast<uint32_t>(composite[j]));
+    }
+  }
+  __syncthreads();
+  const bool with_values = problem.values != nullptr;
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) {
+      const uint32_t end = bucket_start[bin[j] + 1];
+      uint32_t rank = bucket_start[bin[j]];
+      for (uint32_t q = rank; q < end; ++q) {
+        const uint2 other = placed[q];
+        rank += ((uint64_t{other.x} << 32) | other.y) > composite[j];
+      }
+      const uint32_t col = cols[j];
+      out[rank] = PageTransform(static_cast<int32_t>(col), page_row, problem.log2_page_size);
+      if (with_values) WriteValue(problem, out_offset + rank, BitsFromOrderedKeyF32(keys[j]));
+    }
+  }
+  for (int slot = m + static_cast<int>(threadIdx.x); slot < slots; slot += kThreadsPerBlock) {
+    out[slot] = kEmptySlot;
+    if (with_values) WriteValue(problem, out_offset + slot, kNegInfF32Bits);
+  }
+  __syncthreads();  // the buffers are reused by the next row
+  return true;
+}
+
 // Writes m winners to out slots [first_slot, first_slot + m) and, with pad, kEmptySlot to the
 // slots after them up to k: ascending, or by key descending then column ascending when sorted;
 // page-transformed, coalesced. by_bitmap: the winners are marked in s.work.bitmap for columns
@@ -118,22 +355,31 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
   }
   uint32_t cols[kSortItemsPerThread];
   uint32_t keys[kSortItemsPerThread];
+  const bool few = problem.sorted && m <= kWarpSortItems;  // one warp sorts them in place
+  if (few) {
+    if (threadIdx.x < kWarpSize) SortFewByRank(s, m);
+    __syncthreads();
+  }
 #pragma unroll
-  for (int j = 0; j < kSortItemsPerThread; ++j) {  // blocked; padding sorts last both ways
-    const int slot = threadIdx.x * kSortItemsPerThread + j;
-    cols[j] = slot < m ? s.work.selected.col[slot] : 0xFFFFFFFFu;
+  for (int j = 0; j < kSortItemsPerThread; ++j) {  // blocked (striped when few: sorted already)
+    const int slot =
+        few ? threadIdx.x + kThreadsPerBlock * j : threadIdx.x * kSortItemsPerThread + j;
+    cols[j] = slot < m ? s.work.selected.col[slot] : 0xFFFFFFFFu;  // padding sorts last both ways
     keys[j] = slot < m ? OrderedKeyF32(s.work.selected.bits[slot]) : 0u;  // 0: below every key
   }
-  __syncthreads();  // the sort storage aliases the selection
-  if (m > 1) {
+  KeyRange range{};
+  if (problem.sorted && !few && m > 1) range = WinnersKeyRange(s, problem.score_type, keys, m);
+  __syncthreads();  // the sort storage aliases the selection; the warps' key ranges are in
+  if (m > 1 && !few) {
     // Columns are < length < 2^column_bits, so the padding stays above them.
     const int column_bits = 32 - __clz(static_cast<int>(s.job.length));
     if (problem.sorted) {
-      RankSort sort(s.work.rank_sort);
-      sort.Sort(cols, keys, 0,
-                column_bits);  // then a stable sort by key keeps ties in column order
-      __syncthreads();
-      sort.SortDescendingBlockedToStriped(keys, cols, 0, 32);
+      range = BlockKeyRange(s, range);
+      if (WriteRankOrderByBuckets(s, problem, range, column_bits, m, keys, cols, out, out_offset,
+                                  page_row, slots)) {
+        return;
+      }
+      SortByRank(s, range, column_bits, m, keys, cols);
     } else if (with_values) {  // the keys ride along as the sort's values
       RankSort(s.work.rank_sort).SortBlockedToStriped(cols, keys, 0, column_bits);
     } else {
