@@ -248,16 +248,21 @@ void Time(int64_t m, int64_t n, bool causal, FILE* log) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
+  // Launches back to back between two events (host launch time hidden), rotating input sets
+  // so that the keys come from memory, not L2; median of the per-launch means.
+  constexpr int kLaunchesPerSample = 10;
   std::vector<float> times;
-  for (int i = 0; i < 40; ++i) {
-    IndexerProblem p = ProblemOf(d, devs[i % sets]);
+  for (int sample = 0; sample < 12; ++sample) {
     CHECK(cudaEventRecord(start));
-    CHECK(jax_topk::LaunchIndexerLogitsWgmma(p, 0));
+    for (int i = 0; i < kLaunchesPerSample; ++i) {
+      IndexerProblem p = ProblemOf(d, devs[(sample * kLaunchesPerSample + i) % sets]);
+      CHECK(jax_topk::LaunchIndexerLogitsWgmma(p, 0));
+    }
     CHECK(cudaEventRecord(stop));
     CHECK(cudaEventSynchronize(stop));
     float ms;
     CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 8) times.push_back(ms * 1000.0f);
+    if (sample >= 2) times.push_back(ms * 1000.0f / kLaunchesPerSample);
   }
   std::sort(times.begin(), times.end());
   const double median_us = times[times.size() / 2];
@@ -270,7 +275,7 @@ void Time(int64_t m, int64_t n, bool causal, FILE* log) {
   const double write_floor_us = (double)m * n * 4 / 4.3e12 * 1e6;
   char line[256];
   std::snprintf(line, sizeof line,
-                "%5lld x %-7lld %-6s median %9.1f us (min %9.1f)  %6.1f TFLOP/s (%4.1f%% of 800)  "
+                "%5lld x %-7lld %-6s median %8.1f us (min %8.1f)  %6.1f TFLOP/s (%4.1f%% of 800)  "
                 "compute floor %8.1f us  key-read floor %5.1f us  write %6.1f us  sets %d\n",
                 (long long)m, (long long)n, causal ? "causal" : "", median_us, times[0], tflops,
                 100 * tflops / 800, compute_floor_us, read_floor_us, write_floor_us, sets);
@@ -287,7 +292,8 @@ void Time(int64_t m, int64_t n, bool causal, FILE* log) {
 
 int main(int argc, char** argv) {
   int64_t fails = 0;
-  const bool timing_only = argc > 1 && std::strcmp(argv[1], "time") == 0;
+  const char* mode = argc > 1 ? argv[1] : "";  // "time": timings only; "small": small checks only
+  const bool timing_only = std::strcmp(mode, "time") == 0, small = std::strcmp(mode, "small") == 0;
   if (!timing_only) {
     fails += Check("random 37x1000 adversarial L", Make(1, 37, 1000, kRandom, kAdversarial, false, 1), true, 1);
     fails += Check("random 37x1000 scales", Make(1, 37, 1000, kRandom, kAdversarial, true, 2), true, 1);
@@ -300,9 +306,12 @@ int main(int argc, char** argv) {
     fails += Check("M=3 N=1", Make(1, 3, 1, kRandom, kNone, false, 9), true, 1);
     fails += Check("batch 3, 5x200", Make(3, 5, 200, kRandom, kAdversarial, false, 10), true, 1);
     fails += Check("causal 130x4100", Make(1, 130, 4100, kRandom, kCausal, false, 11), true, 3);
-    fails += Check("M=1 N=131072 (rows sampled)", Make(1, 1, 131072, kRandom, kNone, false, 12), true, 7);
-    fails += Check("causal 2048x32768 (sampled)", Make(1, 2048, 32768, kRandom, kCausal, false, 13), false, 97);
+    if (!small) {
+      fails += Check("M=1 N=131072 (rows sampled)", Make(1, 1, 131072, kRandom, kNone, false, 12), true, 7);
+      fails += Check("causal 2048x32768 (sampled)", Make(1, 2048, 32768, kRandom, kCausal, false, 13), false, 97);
+    }
     std::printf("correctness: %s\n", fails == 0 ? "PASS" : "FAIL");
+    if (small) return fails == 0 ? 0 : 1;
   }
   FILE* log = nullptr;
   if (const char* out = std::getenv("OUT")) {

@@ -6,7 +6,8 @@
 // 2. Two warpgroups take alternate key tiles, each with its own cp.async ring of kKeyStages;
 //    one wgmma.m64n(64*Q)k16 chain (8 k-steps) gives a thread 2 keys x 2*Q*8 (query, head)
 //    products: relu, times the head's weight, summed in a fixed order, 2 shuffles finish the
-//    head sum. The warpgroups drift apart, so one's epilogue overlaps the other's wgmma.
+//    head sum. The warpgroups take turns at issuing wgmma (two named barriers), so one's
+//    epilogue runs while the other's products are computed.
 // 3. Key tiles past the query tile's longest length are not computed, only written -inf.
 // Traffic: keys once per query tile (L2), q once per run, logits written once (4 B a pair).
 // Limits: H = 64, D = 128, bf16 (IndexerLogitsWgmmaSupports); compute capability 9.0.
@@ -47,11 +48,21 @@ constexpr int kAtomBytes = 1024;
 constexpr int kChunkBytes = 16;  // one cp.async
 constexpr int kChunksPerRow = kHeadDim * 2 / kChunkBytes;  // 16 over both halves
 constexpr int kKeyTileBytes = kKeysPerTile * kHeadDim * 2;
+// Named barriers: 1 + warpgroup for a warpgroup's own sync; these two order the wgmma turns.
+constexpr int kFirstTurnBarrier = 3;  // warpgroup g waits on kFirstTurnBarrier + g
+// The probe builds with other values to measure what the turns and the ring depth buy.
+#ifndef JAX_TOPK_INDEXER_WGMMA_TURNS
+#define JAX_TOPK_INDEXER_WGMMA_TURNS 1
+#endif
+#ifndef JAX_TOPK_INDEXER_WGMMA_STAGES
+#define JAX_TOPK_INDEXER_WGMMA_STAGES 4
+#endif
+constexpr bool kTakeTurns = JAX_TOPK_INDEXER_WGMMA_TURNS != 0;
 
 template <int kQueriesPerTile>
 struct TileShape {
   static constexpr int kCols = kQueriesPerTile * kHeads;  // wgmma's N: (query, head) pairs
-  static constexpr int kKeyStages = 4;
+  static constexpr int kKeyStages = JAX_TOPK_INDEXER_WGMMA_STAGES;
   static constexpr int kQBytes = kCols * kHeadDim * 2;
   static constexpr int kQOffset = 0;
   static constexpr int kKeysOffset = kQOffset + kQBytes;
@@ -91,6 +102,15 @@ __device__ __forceinline__ void FenceForTensorCores() {
 }
 __device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(warpgroup + 1), "r"(kThreadsPerWarpgroup) : "memory");
+}
+// Turn barriers: the waiting warpgroup syncs, the other arrives (256 threads in all).
+__device__ __forceinline__ void WaitTurn(int warpgroup) {
+  if (kTakeTurns) asm volatile("bar.sync %0, %1;\n" ::"r"(kFirstTurnBarrier + warpgroup), "r"(kThreads) : "memory");
+}
+__device__ __forceinline__ void PassTurn(int warpgroup) {
+  if (kTakeTurns) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(kFirstTurnBarrier + 1 - warpgroup), "r"(kThreads) : "memory");
+  }
 }
 
 // wgmma shared-memory descriptor: K-major, 128B swizzle, 8-row atoms 1024 B apart.
@@ -134,7 +154,7 @@ struct WriteLogits {
   }
 };
 
-template <int kQueriesPerTile, typename Sink>
+template <int kQueriesPerTile, bool kHasScales, typename Sink>
 __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const IndexerArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Shape = TileShape<kQueriesPerTile>;
@@ -160,6 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   float acc[kCols / 2];
 #pragma unroll
   for (int i = 0; i < kCols / 2; ++i) acc[i] = 0.0f;
+  // Warpgroup 0 has the first turn; it takes that arrival back at the end.
+  if (warpgroup == 1) PassTurn(warpgroup);
 
   for (int64_t unit = unit_begin; unit < unit_end;) {
     const int64_t row_of_tiles = unit / args.key_tiles;  // (sequence, query tile)
@@ -211,11 +233,12 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     const int visible_end_tile =
         std::max(first_tile, std::min(end_tile, (longest + kKeysPerTile - 1) / kKeysPerTile));
     const uint16_t* sequence_keys = args.keys + sequence * args.keys_count * kHeadDim;
-    const float* sequence_scales =
-        args.key_scales == nullptr ? nullptr : args.key_scales + sequence * args.keys_count;
+    const float* sequence_scales = kHasScales ? args.key_scales + sequence * args.keys_count : nullptr;
 
-    // This warpgroup's visible tiles: first_tile + warpgroup + 2 i.
+    // This warpgroup's visible tiles: first_tile + warpgroup + 2 i. Both take the same number
+    // of turns (warpgroup 1 may have one tile fewer).
     const int my_tiles = std::max(0, (visible_end_tile - first_tile - warpgroup + 1) / kWarpgroups);
+    const int turns = (visible_end_tile - first_tile + 1) / kWarpgroups;
     auto load_tile = [&](int index) {
       const int first_key = (first_tile + warpgroup + kWarpgroups * index) * kKeysPerTile;
       unsigned char* stage = my_stages + (index % kStages) * kKeyTileBytes;
@@ -237,27 +260,33 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       if (index < my_tiles) load_tile(index);
       CommitCopies();
     }
-    const uint32_t q_address = SharedAddress(q_tile);
-    for (int index = 0; index < my_tiles; ++index) {
+    const uint64_t desc_q = SwizzledOperandDescriptor(SharedAddress(q_tile));
+    for (int index = 0; index < turns; ++index) {
+      if (index == my_tiles) {  // warpgroup 1's empty last turn
+        WaitTurn(warpgroup);
+        PassTurn(warpgroup);
+        break;
+      }
       WaitCopies<kStages - 2>();
       FenceForTensorCores();
       WarpgroupBarrier(warpgroup);  // tile `index` is in; everyone is done with index - 1
       if (index + kStages - 1 < my_tiles) load_tile(index + kStages - 1);
       CommitCopies();
 
-      const uint32_t stage_address = SharedAddress(my_stages + (index % kStages) * kKeyTileBytes);
+      const uint64_t desc_keys =
+          SwizzledOperandDescriptor(SharedAddress(my_stages + (index % kStages) * kKeyTileBytes));
+      WaitTurn(warpgroup);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int k = 0; k < kHeadDim / kKStep; ++k) {
+        // The descriptor's address field counts 16-byte units.
         const int half = k / (kHalfElems / kKStep);
         const int step_bytes = (k % (kHalfElems / kKStep)) * kKStep * 2;
-        const uint64_t desc_keys = SwizzledOperandDescriptor(
-            stage_address + half * kKeysPerTile * kRowBytes + step_bytes);
-        const uint64_t desc_q =
-            SwizzledOperandDescriptor(q_address + half * kCols * kRowBytes + step_bytes);
-        indexer::WgmmaBf16<kCols>(acc, desc_keys, desc_q, k);
+        indexer::WgmmaBf16<kCols>(acc, desc_keys + ((half * kKeysPerTile * kRowBytes + step_bytes) >> 4),
+                                  desc_q + ((half * kCols * kRowBytes + step_bytes) >> 4), k);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      PassTurn(warpgroup);  // the other warpgroup's chain queues behind this one
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
       // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
@@ -265,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       const int first_key = (first_tile + warpgroup + kWarpgroups * index) * kKeysPerTile;
       const int row0 = 16 * warp + lane / 4;
       float scales[2] = {1.0f, 1.0f};
-      if (sequence_scales != nullptr) {
+      if (kHasScales) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int key = first_key + row0 + 8 * r;
@@ -284,8 +313,11 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
           const float2 weight = weight_pairs[j * 4];
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            sums[query][r] = fmaf(weight.x, fmaxf(0.0f, scales[r] * acc[4 * j + 2 * r]), sums[query][r]);
-            sums[query][r] = fmaf(weight.y, fmaxf(0.0f, scales[r] * acc[4 * j + 2 * r + 1]), sums[query][r]);
+            const float product0 = kHasScales ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
+            const float product1 =
+                kHasScales ? scales[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
+            sums[query][r] = fmaf(weight.x, fmaxf(0.0f, product0), sums[query][r]);
+            sums[query][r] = fmaf(weight.y, fmaxf(0.0f, product1), sums[query][r]);
           }
         }
       }
@@ -320,6 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       }
     }
   }
+  if (warpgroup == 0) WaitTurn(warpgroup);
 #endif
 }
 
@@ -346,14 +379,18 @@ bool DeviceIsSm90(int device) {
   return known == 1;
 }
 
-template <int kQueriesPerTile>
+template <int kQueriesPerTile, bool kHasScales>
 cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t stream) {
   using Shape = TileShape<kQueriesPerTile>;
-  auto kernel = IndexerLogitsWgmmaKernel<kQueriesPerTile, WriteLogits>;
-  // The attribute is per device; setting it again is cheap and needs no synchronisation.
-  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            Shape::kBytesWithAlignment);
-  if (status != cudaSuccess) return status;
+  auto kernel = IndexerLogitsWgmmaKernel<kQueriesPerTile, kHasScales, WriteLogits>;
+  // The shared-memory limit is per device and per kernel; raised once each.
+  static std::atomic<bool> limit_raised[kMaxDevices];
+  if (!limit_raised[device].load(std::memory_order_relaxed)) {
+    cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              Shape::kBytesWithAlignment);
+    if (status != cudaSuccess) return status;
+    limit_raised[device].store(true, std::memory_order_relaxed);
+  }
   IndexerArgs args;
   args.q = static_cast<const uint16_t*>(problem.q);
   args.keys = static_cast<const uint16_t*>(problem.keys);
@@ -387,8 +424,13 @@ cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t
   if (status != cudaSuccess) return status;
   if (!IndexerLogitsWgmmaSupports(problem, device)) return cudaErrorInvalidValue;
   // One query a tile only where there is one query: four share each key tile's wgmma otherwise.
-  return problem.queries == 1 ? LaunchTiles<1>(problem, device, stream)
-                              : LaunchTiles<4>(problem, device, stream);
+  const bool has_scales = problem.key_scales != nullptr;
+  if (problem.queries == 1) {
+    return has_scales ? LaunchTiles<1, true>(problem, device, stream)
+                      : LaunchTiles<1, false>(problem, device, stream);
+  }
+  return has_scales ? LaunchTiles<4, true>(problem, device, stream)
+                    : LaunchTiles<4, false>(problem, device, stream);
 }
 
 }  // namespace jax_topk
