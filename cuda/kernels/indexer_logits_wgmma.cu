@@ -59,6 +59,12 @@ constexpr int kFirstTurnBarrier = 3;  // warpgroup g waits on kFirstTurnBarrier 
 #define JAX_TOPK_INDEXER_WGMMA_STAGES 4
 #endif
 constexpr bool kTakeTurns = JAX_TOPK_INDEXER_WGMMA_TURNS != 0;
+// 8 (every head); the probe's diagnostic build takes 1 to time the kernel without most of the
+// epilogue's arithmetic (wrong logits).
+#ifndef JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS
+#define JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS 8
+#endif
+constexpr int kEpilogueHeadGroups = JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS;
 
 template <int kQueriesPerTile>
 struct TileShape {
@@ -309,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         sums[query][0] = 0.0f;
         sums[query][1] = 0.0f;
 #pragma unroll
-        for (int j8 = 0; j8 < 8; ++j8) {
+        for (int j8 = 0; j8 < kEpilogueHeadGroups; ++j8) {
           const int j = query * 8 + j8;
           const float2 weight = weight_pairs[j * 4];
 #pragma unroll
