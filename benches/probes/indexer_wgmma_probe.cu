@@ -19,13 +19,13 @@
 
 using jax_topk::IndexerProblem;
 
-#define CHECK(call)                                                                 \
-  do {                                                                              \
-    cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
+#define CHECK(call)                                                                        \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
       std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                 \
-    }                                                                               \
+      std::exit(1);                                                                        \
+    }                                                                                      \
   } while (0)
 
 constexpr int H = 64, D = 128;
@@ -47,7 +47,7 @@ struct HostData {
   int64_t batch, m, n;
   std::vector<uint16_t> q, keys;
   std::vector<float> weights, scales;  // scales empty: none
-  std::vector<int32_t> lengths;  // empty: none
+  std::vector<int32_t> lengths;        // empty: none
 };
 
 enum Values { kRandom, kAllNegative, kZeroHeadsRepeatedKeys, kLarge };
@@ -84,7 +84,8 @@ HostData Make(int64_t batch, int64_t m, int64_t n, Values values, Lengths length
   }
   if (scales) {
     d.scales.resize(batch * n);
-    for (auto& s : d.scales) s = (rng() % 10 == 0) ? -0.5f * std::fabs(u(rng)) : 0.01f + std::fabs(u(rng));
+    for (auto& s : d.scales)
+      s = (rng() % 10 == 0) ? -0.5f * std::fabs(u(rng)) : 0.01f + std::fabs(u(rng));
   }
   if (lengths == kAdversarial) {
     const int64_t picks[] = {-5, 0, 1, 63, 64, 65, n - 1, n, n + 10, 127, 128, 129};
@@ -132,7 +133,9 @@ IndexerProblem ProblemOf(const HostData& d, const Device& dev) {
 
 // float64 reference and bound of (b, t, s); ref = -inf when masked.
 void Reference(const HostData& d, int64_t b, int64_t t, int64_t s, double* ref, double* bound) {
-  int64_t length = d.lengths.empty() ? d.n : std::min<int64_t>(std::max<int64_t>(d.lengths[b * d.m + t], 0), d.n);
+  int64_t length = d.lengths.empty()
+                       ? d.n
+                       : std::min<int64_t>(std::max<int64_t>(d.lengths[b * d.m + t], 0), d.n);
   if (s >= length) {
     *ref = -INFINITY;
     *bound = 0;
@@ -178,7 +181,8 @@ int64_t Check(const char* name, const HostData& d, bool full, int column_step) {
     }
     CHECK(jax_topk::LaunchIndexerLogitsWgmma(p, 0));
     CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(run == 0 ? first.data() : second.data(), dev.out, out_count * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(run == 0 ? first.data() : second.data(), dev.out, out_count * 4,
+                     cudaMemcpyDeviceToHost));
   }
   const bool same = std::memcmp(first.data(), second.data(), out_count * 4) == 0;
   std::vector<int64_t> rows;
@@ -267,7 +271,9 @@ void Time(int64_t m, int64_t n, bool causal, FILE* log) {
   std::sort(times.begin(), times.end());
   const double median_us = times[times.size() / 2];
   double visible = 0;
-  for (int64_t t = 0; t < m; ++t) visible += causal ? (double)std::min<int64_t>(n, std::max<int64_t>(0, d.lengths[t])) : (double)n;
+  for (int64_t t = 0; t < m; ++t)
+    visible +=
+        causal ? (double)std::min<int64_t>(n, std::max<int64_t>(0, d.lengths[t])) : (double)n;
   const double flops = 2.0 * visible * H * D;
   const double tflops = flops / (median_us * 1e-6) / 1e12;
   const double compute_floor_us = flops / 800e12 * 1e6;
@@ -295,20 +301,26 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "";  // "time": timings only; "small": small checks only
   const bool timing_only = std::strcmp(mode, "time") == 0, small = std::strcmp(mode, "small") == 0;
   if (!timing_only) {
-    fails += Check("random 37x1000 adversarial L", Make(1, 37, 1000, kRandom, kAdversarial, false, 1), true, 1);
-    fails += Check("random 37x1000 scales", Make(1, 37, 1000, kRandom, kAdversarial, true, 2), true, 1);
+    fails += Check("random 37x1000 adversarial L",
+                   Make(1, 37, 1000, kRandom, kAdversarial, false, 1), true, 1);
+    fails +=
+        Check("random 37x1000 scales", Make(1, 37, 1000, kRandom, kAdversarial, true, 2), true, 1);
     fails += Check("all negative 13x777", Make(1, 13, 777, kAllNegative, kNone, false, 3), true, 1);
-    fails += Check("zero heads, repeated keys 9x300", Make(1, 9, 300, kZeroHeadsRepeatedKeys, kAdversarial, false, 4), true, 1);
+    fails += Check("zero heads, repeated keys 9x300",
+                   Make(1, 9, 300, kZeroHeadsRepeatedKeys, kAdversarial, false, 4), true, 1);
     fails += Check("large 6x513", Make(1, 6, 513, kLarge, kNone, true, 5), true, 1);
     fails += Check("M=1 N=5000", Make(1, 1, 5000, kRandom, kNone, false, 6), true, 1);
-    fails += Check("M=1 N=64 L adversarial b=5", Make(5, 1, 64, kRandom, kAdversarial, false, 7), true, 1);
+    fails += Check("M=1 N=64 L adversarial b=5", Make(5, 1, 64, kRandom, kAdversarial, false, 7),
+                   true, 1);
     fails += Check("M=2 N=65", Make(1, 2, 65, kRandom, kAdversarial, true, 8), true, 1);
     fails += Check("M=3 N=1", Make(1, 3, 1, kRandom, kNone, false, 9), true, 1);
     fails += Check("batch 3, 5x200", Make(3, 5, 200, kRandom, kAdversarial, false, 10), true, 1);
     fails += Check("causal 130x4100", Make(1, 130, 4100, kRandom, kCausal, false, 11), true, 3);
     if (!small) {
-      fails += Check("M=1 N=131072 (rows sampled)", Make(1, 1, 131072, kRandom, kNone, false, 12), true, 7);
-      fails += Check("causal 2048x32768 (sampled)", Make(1, 2048, 32768, kRandom, kCausal, false, 13), false, 97);
+      fails += Check("M=1 N=131072 (rows sampled)", Make(1, 1, 131072, kRandom, kNone, false, 12),
+                     true, 7);
+      fails += Check("causal 2048x32768 (sampled)",
+                     Make(1, 2048, 32768, kRandom, kCausal, false, 13), false, 97);
     }
     std::printf("correctness: %s\n", fails == 0 ? "PASS" : "FAIL");
     if (small) return fails == 0 ? 0 : 1;

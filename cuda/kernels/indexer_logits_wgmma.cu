@@ -46,7 +46,7 @@ constexpr int kKStep = 16;  // bf16 wgmma's K
 constexpr int kRowBytes = 128;
 constexpr int kHalfElems = kRowBytes / 2;
 constexpr int kAtomBytes = 1024;
-constexpr int kChunkBytes = 16;  // one cp.async
+constexpr int kChunkBytes = 16;                            // one cp.async
 constexpr int kChunksPerRow = kHeadDim * 2 / kChunkBytes;  // 16 over both halves
 constexpr int kKeyTileBytes = kKeysPerTile * kHeadDim * 2;
 // Named barriers: 1 + warpgroup for a warpgroup's own sync; these two order the wgmma turns.
@@ -87,7 +87,8 @@ struct TileShape {
   static constexpr int kKeysOffset = kQOffset + kQBytes;
   static constexpr int kWeightsOffset = kKeysOffset + kWarpgroups * kKeyStages * kKeyTileBytes;
   static constexpr int kStagingOffset = kWeightsOffset + kQueriesPerTile * kWeightsPerQuery * 4;
-  static constexpr int kLengthsOffset = kStagingOffset + kWarpgroups * kQueriesPerTile * kKeysPerTile * 4;
+  static constexpr int kLengthsOffset =
+      kStagingOffset + kWarpgroups * kQueriesPerTile * kKeysPerTile * 4;
   static constexpr int kBytes = kLengthsOffset + kQueriesPerTile * 4;
   static constexpr int kBytesWithAlignment = kBytes + kAtomBytes;  // room to align the base
 };
@@ -110,7 +111,9 @@ __device__ __forceinline__ void CopyChunkAsync(uint32_t dst, const void* src, in
                "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void CommitCopies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int kPending>
 __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
@@ -124,11 +127,14 @@ __device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
 }
 // Turn barriers: the waiting warpgroup syncs, the other arrives (256 threads in all).
 __device__ __forceinline__ void WaitTurn(int warpgroup) {
-  if (kTakeTurns) asm volatile("bar.sync %0, %1;\n" ::"r"(kFirstTurnBarrier + warpgroup), "r"(kThreads) : "memory");
+  if (kTakeTurns)
+    asm volatile("bar.sync %0, %1;\n" ::"r"(kFirstTurnBarrier + warpgroup), "r"(kThreads)
+                 : "memory");
 }
 __device__ __forceinline__ void PassTurn(int warpgroup) {
   if (kTakeTurns) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(kFirstTurnBarrier + 1 - warpgroup), "r"(kThreads) : "memory");
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(kFirstTurnBarrier + 1 - warpgroup), "r"(kThreads)
+                 : "memory");
   }
 }
 
@@ -146,7 +152,7 @@ struct IndexerArgs {
   const uint16_t* keys;
   const float* weights;
   const float* key_scales;  // or nullptr
-  const int32_t* lengths;  // or nullptr
+  const int32_t* lengths;   // or nullptr
   float* logits;
   int32_t queries;
   int32_t keys_count;
@@ -191,8 +197,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   const int warp = thread / 32;
   const int lane = thread % 32;
   unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * kStages * kKeyTileBytes;
-  float* my_staging =
-      reinterpret_cast<float*>(shared + Shape::kStagingOffset) + warpgroup * kQueriesPerTile * kKeysPerTile;
+  float* my_staging = reinterpret_cast<float*>(shared + Shape::kStagingOffset) +
+                      warpgroup * kQueriesPerTile * kKeysPerTile;
 
   const int64_t unit_begin = args.units * blockIdx.x / gridDim.x;
   const int64_t unit_end = args.units * (blockIdx.x + 1) / gridDim.x;
@@ -219,14 +225,16 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       const int chunk = i % kChunksPerRow;
       const bool inside = first_query + row / kHeads < args.queries;
       const uint16_t* src = inside ? q_rows + row * kHeadDim + chunk * 8 : args.q;
-      CopyChunkAsync(SharedAddress(q_tile + SwizzledOffset(row, chunk, kCols)), src, inside ? 16 : 0);
+      CopyChunkAsync(SharedAddress(q_tile + SwizzledOffset(row, chunk, kCols)), src,
+                     inside ? 16 : 0);
     }
     CommitCopies();
     for (int i = threadIdx.x; i < kCols; i += kThreads) {
       const int query = first_query + i / kHeads;
-      weights_tile[i / kHeads * kWeightsPerQuery + WeightSlot(i % kHeads)] = query < args.queries
-                            ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
-                            : 0.0f;
+      weights_tile[i / kHeads * kWeightsPerQuery + WeightSlot(i % kHeads)] =
+          query < args.queries
+              ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
+              : 0.0f;
     }
     if (threadIdx.x < kQueriesPerTile) {
       const int query = first_query + threadIdx.x;
@@ -252,7 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     const int visible_end_tile =
         std::max(first_tile, std::min(end_tile, (longest + kKeysPerTile - 1) / kKeysPerTile));
     const uint16_t* sequence_keys = args.keys + sequence * args.keys_count * kHeadDim;
-    const float* sequence_scales = kHasScales ? args.key_scales + sequence * args.keys_count : nullptr;
+    const float* sequence_scales =
+        kHasScales ? args.key_scales + sequence * args.keys_count : nullptr;
 
     // This warpgroup's visible tiles: first_tile + warpgroup + 2 i. Both take the same number
     // of turns (warpgroup 1 may have one tile fewer).
@@ -301,7 +310,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         // The descriptor's address field counts 16-byte units.
         const int half = k / (kHalfElems / kKStep);
         const int step_bytes = (k % (kHalfElems / kKStep)) * kKStep * 2;
-        indexer::WgmmaBf16<kCols>(acc, desc_keys + ((half * kKeysPerTile * kRowBytes + step_bytes) >> 4),
+        indexer::WgmmaBf16<kCols>(acc,
+                                  desc_keys + ((half * kKeysPerTile * kRowBytes + step_bytes) >> 4),
                                   desc_q + ((half * kCols * kRowBytes + step_bytes) >> 4), k);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -331,8 +341,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
           const float* my_weights = weights_tile + query * kWeightsPerQuery;
           float2 weight;
           if (kWeightsByLane) {
-            const float4 quad = reinterpret_cast<const float4*>(
-                my_weights + (lane % 4) * kWeightsPerLane)[j8 / 2];
+            const float4 quad =
+                reinterpret_cast<const float4*>(my_weights + (lane % 4) * kWeightsPerLane)[j8 / 2];
             weight = j8 % 2 == 0 ? make_float2(quad.x, quad.y) : make_float2(quad.z, quad.w);
           } else {
             weight = reinterpret_cast<const float2*>(my_weights)[j8 * 4 + lane % 4];
@@ -363,7 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         }
       }
       WarpgroupBarrier(warpgroup);
-      Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging, thread);
+      Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging,
+                                           thread);
     }
     WaitCopies<0>();  // no copy may land in a stage after the next run starts
 
@@ -426,7 +437,8 @@ cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t 
   args.logits = problem.logits;
   args.queries = static_cast<int32_t>(problem.queries);
   args.keys_count = static_cast<int32_t>(problem.keys_count);
-  args.query_tiles = static_cast<int32_t>((problem.queries + kQueriesPerTile - 1) / kQueriesPerTile);
+  args.query_tiles =
+      static_cast<int32_t>((problem.queries + kQueriesPerTile - 1) / kQueriesPerTile);
   args.key_tiles = static_cast<int32_t>((problem.keys_count + kKeysPerTile - 1) / kKeysPerTile);
   args.units = problem.batch * args.query_tiles * args.key_tiles;
   const int64_t blocks = std::min<int64_t>(args.units, device_sm_count[device].load());
