@@ -72,6 +72,12 @@ constexpr int kEpilogueHeadGroups = JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS;
 #define JAX_TOPK_INDEXER_WGMMA_WEIGHTS_BY_LANE 1
 #endif
 constexpr bool kWeightsByLane = JAX_TOPK_INDEXER_WGMMA_WEIGHTS_BY_LANE != 0;
+// Probe variant: each quad's writer lane stores its logits straight to memory (8 consecutive
+// keys a warp and query) instead of staging the tile for the sink.
+#ifndef JAX_TOPK_INDEXER_WGMMA_DIRECT_STORES
+#define JAX_TOPK_INDEXER_WGMMA_DIRECT_STORES 0
+#endif
+constexpr bool kDirectStores = JAX_TOPK_INDEXER_WGMMA_DIRECT_STORES != 0;
 constexpr int kWeightsPerLane = 20;
 constexpr int kWeightsPerQuery = kWeightsByLane ? 4 * kWeightsPerLane : kHeads;
 __host__ __device__ constexpr int WeightSlot(int head) {
@@ -367,14 +373,24 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
           const int slot = query * 2 + r;  // the quad's lane slot % 4 writes it
           const int key_in_tile = row0 + 8 * r;
           if (slot % 4 == lane % 4) {
-            my_staging[query * kKeysPerTile + key_in_tile] =
-                first_key + key_in_tile < lengths[query] ? sum : -INFINITY;
+            const float logit = first_key + key_in_tile < lengths[query] ? sum : -INFINITY;
+            if (kDirectStores) {
+              const int key = first_key + key_in_tile;
+              if (first_query + query < args.queries && key < args.keys_count) {
+                args.logits[(sequence * args.queries + first_query + query) * args.keys_count +
+                            key] = logit;
+              }
+            } else {
+              my_staging[query * kKeysPerTile + key_in_tile] = logit;
+            }
           }
         }
       }
-      WarpgroupBarrier(warpgroup);
-      Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging,
-                                           thread);
+      if (!kDirectStores) {
+        WarpgroupBarrier(warpgroup);
+        Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging,
+                                             thread);
+      }
     }
     WaitCopies<0>();  // no copy may land in a stage after the next run starts
 
