@@ -65,24 +65,6 @@ constexpr bool kTakeTurns = JAX_TOPK_INDEXER_WGMMA_TURNS != 0;
 #define JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS 8
 #endif
 constexpr int kEpilogueHeadGroups = JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS;
-// The weights of a query tile in shared memory, ordered by the lane that reads them: lane % 4 = c
-// needs heads 8 j + 2 c + {0, 1} (j = 0..7), stored as 16 consecutive floats (4 float4 reads,
-// not 8 float2), 20 apart so that the 4 lanes' float4 reads fall in different banks.
-#ifndef JAX_TOPK_INDEXER_WGMMA_WEIGHTS_BY_LANE
-#define JAX_TOPK_INDEXER_WGMMA_WEIGHTS_BY_LANE 1
-#endif
-constexpr bool kWeightsByLane = JAX_TOPK_INDEXER_WGMMA_WEIGHTS_BY_LANE != 0;
-// Probe variant: each quad's writer lane stores its logits straight to memory (8 consecutive
-// keys a warp and query) instead of staging the tile for the sink.
-#ifndef JAX_TOPK_INDEXER_WGMMA_DIRECT_STORES
-#define JAX_TOPK_INDEXER_WGMMA_DIRECT_STORES 0
-#endif
-constexpr bool kDirectStores = JAX_TOPK_INDEXER_WGMMA_DIRECT_STORES != 0;
-constexpr int kWeightsPerLane = 20;
-constexpr int kWeightsPerQuery = kWeightsByLane ? 4 * kWeightsPerLane : kHeads;
-__host__ __device__ constexpr int WeightSlot(int head) {
-  return kWeightsByLane ? (head % 8) / 2 * kWeightsPerLane + head / 8 * 2 + head % 2 : head;
-}
 
 template <int kQueriesPerTile>
 struct TileShape {
@@ -92,7 +74,7 @@ struct TileShape {
   static constexpr int kQOffset = 0;
   static constexpr int kKeysOffset = kQOffset + kQBytes;
   static constexpr int kWeightsOffset = kKeysOffset + kWarpgroups * kKeyStages * kKeyTileBytes;
-  static constexpr int kStagingOffset = kWeightsOffset + kQueriesPerTile * kWeightsPerQuery * 4;
+  static constexpr int kStagingOffset = kWeightsOffset + kCols * 4;
   static constexpr int kLengthsOffset =
       kStagingOffset + kWarpgroups * kQueriesPerTile * kKeysPerTile * 4;
   static constexpr int kBytes = kLengthsOffset + kQueriesPerTile * 4;
@@ -237,10 +219,9 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     CommitCopies();
     for (int i = threadIdx.x; i < kCols; i += kThreads) {
       const int query = first_query + i / kHeads;
-      weights_tile[i / kHeads * kWeightsPerQuery + WeightSlot(i % kHeads)] =
-          query < args.queries
-              ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
-              : 0.0f;
+      weights_tile[i] = query < args.queries
+                            ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
+                            : 0.0f;
     }
     if (threadIdx.x < kQueriesPerTile) {
       const int query = first_query + threadIdx.x;
@@ -344,15 +325,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
 #pragma unroll
         for (int j8 = 0; j8 < kEpilogueHeadGroups; ++j8) {
           const int j = query * 8 + j8;
-          const float* my_weights = weights_tile + query * kWeightsPerQuery;
-          float2 weight;
-          if (kWeightsByLane) {
-            const float4 quad =
-                reinterpret_cast<const float4*>(my_weights + (lane % 4) * kWeightsPerLane)[j8 / 2];
-            weight = j8 % 2 == 0 ? make_float2(quad.x, quad.y) : make_float2(quad.z, quad.w);
-          } else {
-            weight = reinterpret_cast<const float2*>(my_weights)[j8 * 4 + lane % 4];
-          }
+          // Heads 8 j8 + 2 (lane % 4) + {0, 1} of this query (broadcast within the quads).
+          const float2 weight = reinterpret_cast<const float2*>(weights_tile)[j * 4 + lane % 4];
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const float product0 = kHasScales ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
@@ -373,24 +347,14 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
           const int slot = query * 2 + r;  // the quad's lane slot % 4 writes it
           const int key_in_tile = row0 + 8 * r;
           if (slot % 4 == lane % 4) {
-            const float logit = first_key + key_in_tile < lengths[query] ? sum : -INFINITY;
-            if (kDirectStores) {
-              const int key = first_key + key_in_tile;
-              if (first_query + query < args.queries && key < args.keys_count) {
-                args.logits[(sequence * args.queries + first_query + query) * args.keys_count +
-                            key] = logit;
-              }
-            } else {
-              my_staging[query * kKeysPerTile + key_in_tile] = logit;
-            }
+            my_staging[query * kKeysPerTile + key_in_tile] =
+                first_key + key_in_tile < lengths[query] ? sum : -INFINITY;
           }
         }
       }
-      if (!kDirectStores) {
-        WarpgroupBarrier(warpgroup);
-        Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging,
-                                             thread);
-      }
+      WarpgroupBarrier(warpgroup);
+      Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging,
+                                           thread);
     }
     WaitCopies<0>();  // no copy may land in a stage after the next run starts
 
