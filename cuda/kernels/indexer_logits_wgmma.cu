@@ -1,16 +1,13 @@
-// indexer_logits on Hopper tensor cores (sm_90a wgmma), bf16 q/keys, H = 64, D = 128.
-// 1. Work units are (sequence, query tile of kQueriesPerTile queries, key tile of 64 keys); a
-//    persistent grid (one block per SM) takes an equal contiguous run of units each, so the
-//    load is balanced whatever M and N are. Per run of one query tile the block loads that
-//    tile's q (kQueriesPerTile*64 rows x 128) once into 128B-swizzled shared memory.
-// 2. Two warpgroups take alternate key tiles, each with its own cp.async ring of kKeyStages;
-//    one wgmma.m64n(64*Q)k16 chain (8 k-steps) gives a thread 2 keys x 2*Q*8 (query, head)
-//    products: relu, times the head's weight, summed in a fixed order, 2 shuffles finish the
-//    head sum. The warpgroups take turns at issuing wgmma (two named barriers), so one's
-//    epilogue runs while the other's products are computed.
+// indexer_logits on Hopper tensor cores (sm_90a wgmma): bf16 q/keys, H = 64, D = 128.
+// 1. A persistent grid (one block per SM) takes equal contiguous runs of (sequence, query tile
+//    of 4 queries (1 at M = 1), key tile of 64) units; a run's q tile stays in shared memory.
+// 2. Two warpgroups take alternate key tiles (own cp.async rings, 128B swizzle) and turns at
+//    issuing wgmma.m64n256k16 (keys x (query, head)), so one's epilogue runs under the other's
+//    products: relu x weight summed in a fixed order, 2 shuffles finish the head sum.
 // 3. Key tiles past the query tile's longest length are not computed, only written -inf.
-// Traffic: keys once per query tile (L2), q once per run, logits written once (4 B a pair).
-// Limits: H = 64, D = 128, bf16 (IndexerLogitsWgmmaSupports); compute capability 9.0.
+// Traffic: keys once per query tile (from L2), logits written once. ~59 % of 800 TFLOP/s at
+// M >= 128 on an H200 (benches/NOTES.md). Limits: IndexerLogitsWgmmaSupports (bf16, H = 64,
+// D = 128, compute capability 9.0, N < 2^25).
 #include <cuda_runtime.h>
 
 #include <algorithm>
