@@ -377,7 +377,7 @@ std::atomic<int> device_sm_count[kMaxDevices];
 
 bool DeviceIsSm90(int device) {
   if (device < 0 || device >= kMaxDevices) return false;
-  int known = device_is_sm90[device].load(std::memory_order_relaxed);
+  int known = device_is_sm90[device].load(std::memory_order_acquire);
   if (known == 0) {
     int major = 0, minor = 0, sms = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
@@ -388,7 +388,7 @@ bool DeviceIsSm90(int device) {
     }
     device_sm_count[device].store(sms, std::memory_order_relaxed);
     known = (major == 9 && minor == 0) ? 1 : -1;
-    device_is_sm90[device].store(known, std::memory_order_relaxed);
+    device_is_sm90[device].store(known, std::memory_order_release);  // after the count
   }
   return known == 1;
 }
