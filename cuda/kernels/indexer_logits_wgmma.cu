@@ -1,0 +1,451 @@
+// indexer_logits on Hopper tensor cores (sm_90a wgmma): bf16 q/keys, H = 64, D = 128.
+// 1. A persistent grid (one block per SM) takes equal contiguous runs of (sequence, query tile
+//    of 4 queries (1 at M = 1), key tile of 64) units; a run's q tile stays in shared memory.
+// 2. Two warpgroups take alternate key tiles (own cp.async rings, 128B swizzle) and turns at
+//    issuing wgmma.m64n256k16 (keys x (query, head)), so one's epilogue runs under the other's
+//    products: relu x weight summed in a fixed order, 2 shuffles finish the head sum.
+// 3. Key tiles past the query tile's longest length are not computed, only written -inf.
+// Traffic: keys once per query tile (from L2), logits written once. ~59 % of 800 TFLOP/s at
+// M >= 128 on an H200 (benches/NOTES.md). Limits: IndexerLogitsWgmmaSupports (bf16, H = 64,
+// D = 128, compute capability 9.0, N < 2^25).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "common/indexer_problem.h"
+#include "kernels/indexer/wgmma_bf16.cuh"
+#include "kernels/indexer_cuda.h"
+
+// CMake defines this when it compiles this file for sm_90a (the only target with wgmma);
+// elsewhere the kernel is empty and Supports() says no.
+#if defined(JAX_TOPK_INDEXER_WGMMA_SM90A)
+constexpr bool kBuiltForSm90a = true;
+#else
+constexpr bool kBuiltForSm90a = false;
+#pragma nv_diag_suppress 177  // the device helpers below then go unused
+#endif
+
+namespace jax_topk {
+namespace {
+
+constexpr int kHeads = 64;
+constexpr int kHeadDim = 128;
+constexpr int kKeysPerTile = 64;  // wgmma's M
+constexpr int kWarpgroups = 2;
+constexpr int kThreadsPerWarpgroup = 128;
+constexpr int kThreads = kWarpgroups * kThreadsPerWarpgroup;
+constexpr int kKStep = 16;  // bf16 wgmma's K
+// A 128B-swizzled K-major operand: 64 bf16 (128 B) a row, 8-row atoms of 1024 B; D = 128 is
+// two such halves, one after the other.
+constexpr int kRowBytes = 128;
+constexpr int kHalfElems = kRowBytes / 2;
+constexpr int kAtomBytes = 1024;
+constexpr int kChunkBytes = 16;                            // one cp.async
+constexpr int kChunksPerRow = kHeadDim * 2 / kChunkBytes;  // 16 over both halves
+constexpr int kKeyTileBytes = kKeysPerTile * kHeadDim * 2;
+// Named barriers: 1 + warpgroup for a warpgroup's own sync; these two order the wgmma turns.
+constexpr int kFirstTurnBarrier = 3;  // warpgroup g waits on kFirstTurnBarrier + g
+// The probe builds with other values to measure what the turns and the ring depth buy.
+#ifndef JAX_TOPK_INDEXER_WGMMA_TURNS
+#define JAX_TOPK_INDEXER_WGMMA_TURNS 1
+#endif
+#ifndef JAX_TOPK_INDEXER_WGMMA_STAGES
+#define JAX_TOPK_INDEXER_WGMMA_STAGES 4
+#endif
+constexpr bool kTakeTurns = JAX_TOPK_INDEXER_WGMMA_TURNS != 0;
+// 8 (every head); the probe's diagnostic build takes 1 to time the kernel without most of the
+// epilogue's arithmetic (wrong logits).
+#ifndef JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS
+#define JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS 8
+#endif
+constexpr int kEpilogueHeadGroups = JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS;
+
+template <int kQueriesPerTile>
+struct TileShape {
+  static constexpr int kCols = kQueriesPerTile * kHeads;  // wgmma's N: (query, head) pairs
+  static constexpr int kKeyStages = JAX_TOPK_INDEXER_WGMMA_STAGES;
+  static constexpr int kQBytes = kCols * kHeadDim * 2;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKeysOffset = kQOffset + kQBytes;
+  static constexpr int kWeightsOffset = kKeysOffset + kWarpgroups * kKeyStages * kKeyTileBytes;
+  static constexpr int kStagingOffset = kWeightsOffset + kCols * 4;
+  static constexpr int kLengthsOffset =
+      kStagingOffset + kWarpgroups * kQueriesPerTile * kKeysPerTile * 4;
+  static constexpr int kBytes = kLengthsOffset + kQueriesPerTile * 4;
+  static constexpr int kBytesWithAlignment = kBytes + kAtomBytes;  // room to align the base
+};
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..15 over D) of row `row` in a swizzled operand of
+// `rows` rows: the chunk index within a 128-byte row XORs with the row's place in its atom.
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk, int rows) {
+  const int half = chunk / (kChunksPerRow / 2);
+  const int chunk_in_row = chunk % (kChunksPerRow / 2);
+  return half * rows * kRowBytes + row * kRowBytes + ((chunk_in_row ^ (row & 7)) * kChunkBytes);
+}
+
+// 16 bytes global -> shared; src_bytes = 0 fills zeros (rows past the end).
+__device__ __forceinline__ void CopyChunkAsync(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CommitCopies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void WaitCopies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// cp.async writes through the generic proxy; wgmma reads through the async proxy.
+__device__ __forceinline__ void FenceForTensorCores() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(warpgroup + 1), "r"(kThreadsPerWarpgroup) : "memory");
+}
+// Turn barriers: the waiting warpgroup syncs, the other arrives (256 threads in all).
+__device__ __forceinline__ void WaitTurn(int warpgroup) {
+  if (kTakeTurns)
+    asm volatile("bar.sync %0, %1;\n" ::"r"(kFirstTurnBarrier + warpgroup), "r"(kThreads)
+                 : "memory");
+}
+__device__ __forceinline__ void PassTurn(int warpgroup) {
+  if (kTakeTurns) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(kFirstTurnBarrier + 1 - warpgroup), "r"(kThreads)
+                 : "memory");
+  }
+}
+
+// wgmma shared-memory descriptor: K-major, 128B swizzle, 8-row atoms 1024 B apart.
+__device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t address) {
+  constexpr uint64_t kLeadingByteOffset = 1;  // unused by swizzled K-major operands
+  constexpr uint64_t kStrideByteOffset = kAtomBytes >> 4;
+  constexpr uint64_t kSwizzle128B = 1;
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (kLeadingByteOffset << 16) |
+         (kStrideByteOffset << 32) | (kSwizzle128B << 62);
+}
+
+struct IndexerArgs {
+  const uint16_t* q;  // bf16 bits
+  const uint16_t* keys;
+  const float* weights;
+  const float* key_scales;  // or nullptr
+  const int32_t* lengths;   // or nullptr
+  float* logits;
+  int32_t queries;
+  int32_t keys_count;
+  int32_t query_tiles;
+  int32_t key_tiles;
+  int64_t units;  // batch * query_tiles * key_tiles
+};
+
+// Where a finished tile of logits goes: here, the [M, N] output. (A fused top-k would put a
+// candidate filter in its place; the kernel hands it the tile in shared memory.)
+struct WriteLogits {
+  // `tile` holds [kQueriesPerTile][64] logits of queries first_query.. and keys first_key..;
+  // called by the 128 threads of one warpgroup.
+  template <int kQueriesPerTile>
+  __device__ static void Tile(const IndexerArgs& args, int64_t sequence, int first_query,
+                              int first_key, const float* tile, int thread) {
+    for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {
+      const int query = first_query + i / kKeysPerTile;
+      const int key = first_key + i % kKeysPerTile;
+      if (query < args.queries && key < args.keys_count) {
+        args.logits[(sequence * args.queries + query) * args.keys_count + key] = tile[i];
+      }
+    }
+  }
+};
+
+template <int kQueriesPerTile, bool kHasScales, typename Sink>
+__global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const IndexerArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Shape = TileShape<kQueriesPerTile>;
+  constexpr int kCols = Shape::kCols;
+  constexpr int kStages = Shape::kKeyStages;
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* shared = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(shared_raw) + kAtomBytes - 1) & ~uintptr_t{kAtomBytes - 1});
+  unsigned char* q_tile = shared + Shape::kQOffset;
+  float* weights_tile = reinterpret_cast<float*>(shared + Shape::kWeightsOffset);
+  int32_t* lengths_tile = reinterpret_cast<int32_t*>(shared + Shape::kLengthsOffset);
+
+  const int warpgroup = threadIdx.x / kThreadsPerWarpgroup;
+  const int thread = threadIdx.x % kThreadsPerWarpgroup;
+  const int warp = thread / 32;
+  const int lane = thread % 32;
+  unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * kStages * kKeyTileBytes;
+  float* my_staging = reinterpret_cast<float*>(shared + Shape::kStagingOffset) +
+                      warpgroup * kQueriesPerTile * kKeysPerTile;
+
+  const int64_t unit_begin = args.units * blockIdx.x / gridDim.x;
+  const int64_t unit_end = args.units * (blockIdx.x + 1) / gridDim.x;
+  float acc[kCols / 2];
+#pragma unroll
+  for (int i = 0; i < kCols / 2; ++i) acc[i] = 0.0f;
+  // Warpgroup 0 has the first turn; it takes that arrival back at the end.
+  if (warpgroup == 1) PassTurn(warpgroup);
+
+  for (int64_t unit = unit_begin; unit < unit_end;) {
+    const int64_t row_of_tiles = unit / args.key_tiles;  // (sequence, query tile)
+    const int first_tile = static_cast<int>(unit % args.key_tiles);
+    const int end_tile =
+        static_cast<int>(std::min<int64_t>(args.key_tiles, first_tile + (unit_end - unit)));
+    unit += end_tile - first_tile;
+    const int64_t sequence = row_of_tiles / args.query_tiles;
+    const int first_query = static_cast<int>(row_of_tiles % args.query_tiles) * kQueriesPerTile;
+
+    // The query tile: q rows (query, head) swizzled, weights, lengths. Zeros past M.
+    __syncthreads();  // the previous run is done with them
+    const uint16_t* q_rows = args.q + (sequence * args.queries + first_query) * kHeads * kHeadDim;
+    for (int i = threadIdx.x; i < kCols * kChunksPerRow; i += kThreads) {
+      const int row = i / kChunksPerRow;
+      const int chunk = i % kChunksPerRow;
+      const bool inside = first_query + row / kHeads < args.queries;
+      const uint16_t* src = inside ? q_rows + row * kHeadDim + chunk * 8 : args.q;
+      CopyChunkAsync(SharedAddress(q_tile + SwizzledOffset(row, chunk, kCols)), src,
+                     inside ? 16 : 0);
+    }
+    CommitCopies();
+    for (int i = threadIdx.x; i < kCols; i += kThreads) {
+      const int query = first_query + i / kHeads;
+      weights_tile[i] = query < args.queries
+                            ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
+                            : 0.0f;
+    }
+    if (threadIdx.x < kQueriesPerTile) {
+      const int query = first_query + threadIdx.x;
+      int32_t length = 0;
+      if (query < args.queries) {
+        length = args.lengths == nullptr ? args.keys_count
+                                         : args.lengths[sequence * args.queries + query];
+        length = std::min(std::max(length, 0), args.keys_count);
+      }
+      lengths_tile[threadIdx.x] = length;
+    }
+    WaitCopies<0>();
+    FenceForTensorCores();
+    __syncthreads();
+
+    int32_t longest = 0;
+    int32_t lengths[kQueriesPerTile];
+#pragma unroll
+    for (int j = 0; j < kQueriesPerTile; ++j) {
+      lengths[j] = lengths_tile[j];
+      longest = std::max(longest, lengths[j]);
+    }
+    const int visible_end_tile =
+        std::max(first_tile, std::min(end_tile, (longest + kKeysPerTile - 1) / kKeysPerTile));
+    const uint16_t* sequence_keys = args.keys + sequence * args.keys_count * kHeadDim;
+    const float* sequence_scales =
+        kHasScales ? args.key_scales + sequence * args.keys_count : nullptr;
+
+    // This warpgroup's visible tiles: first_tile + warpgroup + 2 i. Both take the same number
+    // of turns (warpgroup 1 may have one tile fewer).
+    const int my_tiles = std::max(0, (visible_end_tile - first_tile - warpgroup + 1) / kWarpgroups);
+    const int turns = (visible_end_tile - first_tile + 1) / kWarpgroups;
+    auto load_tile = [&](int index) {
+      const int first_key = (first_tile + warpgroup + kWarpgroups * index) * kKeysPerTile;
+      unsigned char* stage = my_stages + (index % kStages) * kKeyTileBytes;
+#pragma unroll
+      for (int j = 0; j < kKeysPerTile * kChunksPerRow / kThreadsPerWarpgroup; ++j) {
+        const int i = thread + j * kThreadsPerWarpgroup;
+        const int row = i / kChunksPerRow;
+        const int chunk = i % kChunksPerRow;
+        const bool inside = first_key + row < args.keys_count;
+        const uint16_t* src =
+            inside ? sequence_keys + static_cast<int64_t>(first_key + row) * kHeadDim + chunk * 8
+                   : args.keys;
+        CopyChunkAsync(SharedAddress(stage + SwizzledOffset(row, chunk, kKeysPerTile)), src,
+                       inside ? 16 : 0);
+      }
+    };
+#pragma unroll
+    for (int index = 0; index < kStages - 1; ++index) {
+      if (index < my_tiles) load_tile(index);
+      CommitCopies();
+    }
+    const uint64_t desc_q = SwizzledOperandDescriptor(SharedAddress(q_tile));
+    for (int index = 0; index < turns; ++index) {
+      if (index == my_tiles) {  // warpgroup 1's empty last turn
+        WaitTurn(warpgroup);
+        PassTurn(warpgroup);
+        break;
+      }
+      WaitCopies<kStages - 2>();
+      FenceForTensorCores();
+      WarpgroupBarrier(warpgroup);  // tile `index` is in; everyone is done with index - 1
+      if (index + kStages - 1 < my_tiles) load_tile(index + kStages - 1);
+      CommitCopies();
+
+      const uint64_t desc_keys =
+          SwizzledOperandDescriptor(SharedAddress(my_stages + (index % kStages) * kKeyTileBytes));
+      WaitTurn(warpgroup);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < kHeadDim / kKStep; ++k) {
+        // The descriptor's address field counts 16-byte units.
+        const int half = k / (kHalfElems / kKStep);
+        const int step_bytes = (k % (kHalfElems / kKStep)) * kKStep * 2;
+        indexer::WgmmaBf16<kCols>(acc,
+                                  desc_keys + ((half * kKeysPerTile * kRowBytes + step_bytes) >> 4),
+                                  desc_q + ((half * kCols * kRowBytes + step_bytes) >> 4), k);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      PassTurn(warpgroup);  // the other warpgroup's chain queues behind this one
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+      // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
+      // 8 j + 2 (lane % 4) + e: query j / 8, head 8 (j % 8) + 2 (lane % 4) + e.
+      const int first_key = (first_tile + warpgroup + kWarpgroups * index) * kKeysPerTile;
+      const int row0 = 16 * warp + lane / 4;
+      float scales[2] = {1.0f, 1.0f};
+      if (kHasScales) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = first_key + row0 + 8 * r;
+          scales[r] = key < args.keys_count ? sequence_scales[key] : 0.0f;
+        }
+      }
+      float sums[kQueriesPerTile][2];
+#pragma unroll
+      for (int query = 0; query < kQueriesPerTile; ++query) {
+        sums[query][0] = 0.0f;
+        sums[query][1] = 0.0f;
+#pragma unroll
+        for (int j8 = 0; j8 < kEpilogueHeadGroups; ++j8) {
+          const int j = query * 8 + j8;
+          // Heads 8 j8 + 2 (lane % 4) + {0, 1} of this query (broadcast within the quads).
+          const float2 weight = reinterpret_cast<const float2*>(weights_tile)[j * 4 + lane % 4];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float product0 = kHasScales ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
+            const float product1 =
+                kHasScales ? scales[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
+            sums[query][r] = fmaf(weight.x, fmaxf(0.0f, product0), sums[query][r]);
+            sums[query][r] = fmaf(weight.y, fmaxf(0.0f, product1), sums[query][r]);
+          }
+        }
+      }
+#pragma unroll
+      for (int query = 0; query < kQueriesPerTile; ++query) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float sum = sums[query][r];
+          sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+          sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+          const int slot = query * 2 + r;  // the quad's lane slot % 4 writes it
+          const int key_in_tile = row0 + 8 * r;
+          if (slot % 4 == lane % 4) {
+            my_staging[query * kKeysPerTile + key_in_tile] =
+                first_key + key_in_tile < lengths[query] ? sum : -INFINITY;
+          }
+        }
+      }
+      WarpgroupBarrier(warpgroup);
+      Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging,
+                                           thread);
+    }
+    WaitCopies<0>();  // no copy may land in a stage after the next run starts
+
+    // Tiles past every length of the tile: -inf, written directly.
+    for (int tile = visible_end_tile + warpgroup; tile < end_tile; tile += kWarpgroups) {
+      for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {
+        const int query = first_query + i / kKeysPerTile;
+        const int key = tile * kKeysPerTile + i % kKeysPerTile;
+        if (query < args.queries && key < args.keys_count) {
+          args.logits[(sequence * args.queries + query) * args.keys_count + key] = -INFINITY;
+        }
+      }
+    }
+  }
+  if (warpgroup == 0) WaitTurn(warpgroup);
+#endif
+}
+
+// Per device: compute capability 9.0 (0 not asked yet, -1 no, 1 yes) and multiprocessor count.
+constexpr int kMaxDevices = 64;
+std::atomic<int> device_is_sm90[kMaxDevices];
+std::atomic<int> device_sm_count[kMaxDevices];
+
+bool DeviceIsSm90(int device) {
+  if (device < 0 || device >= kMaxDevices) return false;
+  int known = device_is_sm90[device].load(std::memory_order_acquire);
+  if (known == 0) {
+    int major = 0, minor = 0, sms = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    device_sm_count[device].store(sms, std::memory_order_relaxed);
+    known = (major == 9 && minor == 0) ? 1 : -1;
+    device_is_sm90[device].store(known, std::memory_order_release);  // after the count
+  }
+  return known == 1;
+}
+
+template <int kQueriesPerTile, bool kHasScales>
+cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t stream) {
+  using Shape = TileShape<kQueriesPerTile>;
+  auto kernel = IndexerLogitsWgmmaKernel<kQueriesPerTile, kHasScales, WriteLogits>;
+  // The shared-memory limit is per device and per kernel; raised once each.
+  static std::atomic<bool> limit_raised[kMaxDevices];
+  if (!limit_raised[device].load(std::memory_order_relaxed)) {
+    cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              Shape::kBytesWithAlignment);
+    if (status != cudaSuccess) return status;
+    limit_raised[device].store(true, std::memory_order_relaxed);
+  }
+  IndexerArgs args;
+  args.q = static_cast<const uint16_t*>(problem.q);
+  args.keys = static_cast<const uint16_t*>(problem.keys);
+  args.weights = problem.weights;
+  args.key_scales = problem.key_scales;
+  args.lengths = problem.lengths;
+  args.logits = problem.logits;
+  args.queries = static_cast<int32_t>(problem.queries);
+  args.keys_count = static_cast<int32_t>(problem.keys_count);
+  args.query_tiles =
+      static_cast<int32_t>((problem.queries + kQueriesPerTile - 1) / kQueriesPerTile);
+  args.key_tiles = static_cast<int32_t>((problem.keys_count + kKeysPerTile - 1) / kKeysPerTile);
+  args.units = problem.batch * args.query_tiles * args.key_tiles;
+  const int64_t blocks = std::min<int64_t>(args.units, device_sm_count[device].load());
+  kernel<<<static_cast<unsigned>(blocks), kThreads, Shape::kBytesWithAlignment, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool IndexerLogitsWgmmaSupports(const IndexerProblem& problem, int device) {
+  constexpr int64_t kInt32Limit = 0x7FFFFFFF;
+  return kBuiltForSm90a && problem.input == IndexerInput::kBfloat16 && problem.heads == kHeads &&
+         problem.head_dim == kHeadDim && problem.batch >= 1 && problem.queries >= 1 &&
+         problem.keys_count >= 1 && problem.queries <= kInt32Limit &&
+         problem.keys_count <= kInt32Limit / kKeysPerTile && DeviceIsSm90(device);
+}
+
+cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (!IndexerLogitsWgmmaSupports(problem, device)) return cudaErrorInvalidValue;
+  // One query a tile only where there is one query: four share each key tile's wgmma otherwise.
+  const bool has_scales = problem.key_scales != nullptr;
+  if (problem.queries == 1) {
+    return has_scales ? LaunchTiles<1, true>(problem, device, stream)
+                      : LaunchTiles<1, false>(problem, device, stream);
+  }
+  return has_scales ? LaunchTiles<4, true>(problem, device, stream)
+                    : LaunchTiles<4, false>(problem, device, stream);
+}
+
+}  // namespace jax_topk
