@@ -4,6 +4,7 @@ bound of a float64 reference, the same bits every run."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -18,10 +19,18 @@ from tests.support.indexer import (
     reference_logits,
     run,
 )
-from tests.support.operators import permuted_page_table
+from tests.support.operators import device_for, permuted_page_table
 
 HEADS, HEAD_DIM = 4, 32
-FAMILIES = ["normal", "repeated_keys", "zero_heads", "all_negative", "integers", "periodic"]
+FAMILIES = [
+    "normal",
+    "repeated_keys",
+    "zero_heads",
+    "all_negative",
+    "integers",
+    "periodic",
+    "random_bits",
+]
 
 
 def _assert_topk_matches(backend, q, keys, weights, lengths, **kwargs):
@@ -150,6 +159,75 @@ def test_deterministic_run_to_run(backend):
             run(jax_topk.indexer_topk, backend, q, keys, weights, lengths=lengths, k=512),
             first_topk,
         )
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP8], ids=["bfloat16", "float8_e4m3fn"])
+def test_every_input_value_decodes_exactly(backend, dtype):
+    """H = D = 1, q = 1, weight 1: each logit is relu(key) exactly, so every fp8 code and
+    bfloat16's specials (subnormals, +-0, +-inf, NaN, the extremes) decode as ml_dtypes does.
+    Except: XLA's CPU runtime runs with subnormals flushed to zero (its own ops and our custom
+    calls alike), so there a bfloat16 subnormal key gives 0 (fp8's subnormals are normal in
+    float32)."""
+    bits = np.dtype(f"u{dtype.itemsize}")
+    if dtype.itemsize == 1:
+        codes = np.arange(256, dtype=bits)
+    else:
+        edges = [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x0080, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80]
+        codes = np.r_[edges, 0x7FC0, 0xFFC1, np.arange(0, 1 << 16, 257)].astype(bits)
+    keys = codes.view(dtype)[:, None]
+    q = np.ones((1, 1, 1), dtype)
+    got = run(jax_topk.indexer_logits, backend, q, keys, np.ones((1, 1), np.float32))[0]
+    want = np.maximum(keys[:, 0].astype(np.float32), 0.0)
+    if backend != "gpu":
+        want[np.abs(want) < np.finfo(np.float32).tiny] = 0.0
+    np.testing.assert_array_equal(got, want)  # NaN where the key is NaN; 0 equals -0
+
+
+def test_vmap_over_sequences_matches_each(backend):
+    """A batch of sequences (each its own keys, key scales and lengths) equals one call per
+    sequence on this backend: the kernels' per-sequence offsets."""
+    rng = np.random.default_rng(10)
+    batch, queries, n = 3, 5, 700
+    parts = [make_inputs(rng, queries, HEADS, HEAD_DIM, n, dtype=FP8) for _ in range(batch)]
+    q, keys, weights = (np.stack(p) for p in zip(*parts))
+    key_scales = rng.uniform(0.01, 2.0, size=(batch, n)).astype(np.float32)
+    lengths = np.stack([edge_lengths(64, n, queries, rng) for _ in range(batch)])
+
+    def both(q, keys, weights, lengths, key_scales):
+        logits = jax_topk.indexer_logits(q, keys, weights, lengths, key_scales=key_scales)
+        topk = jax_topk.indexer_topk(q, keys, weights, lengths, k=64, key_scales=key_scales)
+        return logits, topk
+
+    device = device_for(backend)
+    args = jax.device_put((q, keys, weights, lengths, key_scales), device)
+    logits, topk = jax.jit(jax.vmap(both))(*args)
+    for b in range(batch):
+        one_logits, one_topk = jax.jit(both)(*(a[b] for a in args))
+        np.testing.assert_array_equal(
+            np.asarray(logits[b]).view(np.uint32), np.asarray(one_logits).view(np.uint32)
+        )
+        np.testing.assert_array_equal(np.asarray(topk[b]), np.asarray(one_topk))
+
+
+@pytest.mark.gpu
+def test_gpu_more_key_tiles_than_grid_y():
+    """N past 65535 tiles of 128 keys: the logits kernel's grid-stride over key tiles (grid.y
+    is capped at 65535). H = D = 1 keeps it cheap; with one head and one term the GPU's and
+    the CPU's rounding are the same, so the logits agree bit for bit."""
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    rng = np.random.default_rng(11)
+    n = 65535 * 128 + 300
+    q = rng.standard_normal((2, 1, 1)).astype(BF16)
+    keys = rng.standard_normal((n, 1)).astype(BF16)
+    weights = np.abs(rng.standard_normal((2, 1))).astype(np.float32)
+    lengths = np.array([n, n - 200], np.int32)
+    gpu = run(jax_topk.indexer_logits, "gpu", q, keys, weights, lengths=lengths)
+    cpu = run(jax_topk.indexer_logits, "cpu", q, keys, weights, lengths=lengths)
+    np.testing.assert_array_equal(gpu.view(np.uint32), cpu.view(np.uint32))
+    _assert_topk_matches("gpu", q, keys, weights, lengths, k=2048)
 
 
 @pytest.mark.gpu

@@ -27,7 +27,10 @@ def make_inputs(rng, queries, heads, head_dim, keys_count, *, family="normal", d
     - all_negative: every dot negative before relu (every logit 0);
     - integers: small integers (exact sums, ties between different keys);
     - periodic: every 64th key far above the rest, the order that fools a regular sample of
-      the keys."""
+      the keys;
+    - random_bits: normal values with about 2 % of q's and the keys' entries random bit
+      patterns (NaN, +-inf, +-0, subnormals, huge values: NaN and infinite logits), and 5 %
+      of the weights 0, -0, +-inf or NaN."""
     q = rng.standard_normal((queries, heads, head_dim)).astype(np.float32)
     keys = rng.standard_normal((keys_count, head_dim)).astype(np.float32)
     weights = rng.standard_normal((queries, heads)).astype(np.float32)
@@ -49,6 +52,18 @@ def make_inputs(rng, queries, heads, head_dim, keys_count, *, family="normal", d
         q, weights = np.abs(q), np.abs(weights)
         keys = 0.01 * keys
         keys[5::64] = np.abs(keys[5::64]) * 1000.0
+    elif family == "random_bits":
+        q, keys = q.astype(dtype), keys.astype(dtype)
+        bits = np.dtype(f"u{q.dtype.itemsize}")
+        specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-39, -3e-40], np.float32)
+        for array in (q, keys):  # about 2 % random bit patterns, 0.5 % special values
+            picked = rng.random(array.shape) < 0.02
+            array.view(bits)[picked] = rng.integers(0, 1 << (8 * bits.itemsize), int(picked.sum()))
+            picked = rng.random(array.shape) < 0.005
+            array[picked] = rng.choice(specials, size=int(picked.sum())).astype(dtype)
+        picked = rng.random(weights.shape) < 0.05
+        weights[picked] = rng.choice(specials, size=int(picked.sum()))
+        return q, keys, weights
     elif family != "normal" and family != "repeated_keys":
         raise ValueError(family)
     return q.astype(dtype), keys.astype(dtype), weights
