@@ -183,6 +183,29 @@ def test_every_input_value_decodes_exactly(backend, dtype):
     np.testing.assert_array_equal(got, want)  # NaN where the key is NaN; 0 equals -0
 
 
+@pytest.mark.parametrize("heads,head_dim", [(HEADS, HEAD_DIM), (64, 128)])
+def test_nan_inputs_give_nan_logits(backend, heads, head_dim):
+    """relu keeps NaN (jnp.maximum's, the CPU's): a NaN in q[t, h] makes row t's visible
+    logits NaN, a NaN in keys[s] makes column s NaN, and indexer_topk never selects them.
+    H = 64, D = 128 is the tensor-core kernel's shape on the GPU."""
+    rng = np.random.default_rng(12)
+    queries, n = 6, 300
+    q, keys, weights = make_inputs(rng, queries, heads, head_dim, n)
+    q[1, heads - 1, 3] = np.nan
+    keys[[7, 130, 299], [0, head_dim - 1, 5]] = np.nan
+    lengths = np.array([n, n, 0, 131, 200, 1000], np.int32)
+    got = run(jax_topk.indexer_logits, backend, q, keys, weights, lengths=lengths)
+    visible = np.arange(n)[None, :] < np.clip(lengths, 0, n)[:, None]
+    nan = np.zeros((queries, n), bool)
+    nan[1] = True
+    nan[:, [7, 130, 299]] = True
+    np.testing.assert_array_equal(np.isnan(got), nan & visible)
+    assert (got[~visible] == -np.inf).all()
+    picked = _assert_topk_matches(backend, q, keys, weights, lengths, k=512)
+    assert (picked[1] == -1).all()
+    assert not np.isin(picked, [7, 130, 299]).any()
+
+
 def test_vmap_over_sequences_matches_each(backend):
     """A batch of sequences (each its own keys, key scales and lengths) equals one call per
     sequence on this backend: the kernels' per-sequence offsets."""

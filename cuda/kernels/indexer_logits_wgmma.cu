@@ -123,6 +123,14 @@ __device__ __forceinline__ void PassTurn(int warpgroup) {
   }
 }
 
+// max(x, 0) with NaN kept, as the contract's relu (jnp.maximum, the CPU handler) has it:
+// fmaxf would return 0 for a NaN dot. One instruction, as fmaxf's (max.NaN, sm_80+).
+__device__ __forceinline__ float ReluKeepingNan(float x) {
+  float relu;
+  asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(relu) : "f"(x));
+  return relu;
+}
+
 // wgmma shared-memory descriptor: K-major, 128B swizzle, 8-row atoms 1024 B apart.
 __device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t address) {
   constexpr uint64_t kLeadingByteOffset = 1;  // unused by swizzled K-major operands
@@ -329,8 +337,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
             const float product0 = kHasScales ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
             const float product1 =
                 kHasScales ? scales[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
-            sums[query][r] = fmaf(weight.x, fmaxf(0.0f, product0), sums[query][r]);
-            sums[query][r] = fmaf(weight.y, fmaxf(0.0f, product1), sums[query][r]);
+            sums[query][r] = fmaf(weight.x, ReluKeepingNan(product0), sums[query][r]);
+            sums[query][r] = fmaf(weight.y, ReluKeepingNan(product1), sums[query][r]);
           }
         }
       }
