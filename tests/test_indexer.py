@@ -206,12 +206,16 @@ def test_nan_inputs_give_nan_logits(backend, heads, head_dim):
     assert not np.isin(picked, [7, 130, 299]).any()
 
 
-def test_vmap_over_sequences_matches_each(backend):
+@pytest.mark.parametrize(
+    "heads,head_dim,dtype", [(HEADS, HEAD_DIM, FP8), (64, 128, BF16)], ids=["fp8", "bf16-64x128"]
+)
+def test_vmap_over_sequences_matches_each(backend, heads, head_dim, dtype):
     """A batch of sequences (each its own keys, key scales and lengths) equals one call per
-    sequence on this backend: the kernels' per-sequence offsets."""
+    sequence on this backend: the kernels' per-sequence offsets (H = 64, D = 128 bf16 is the
+    tensor-core kernel's shape on the GPU)."""
     rng = np.random.default_rng(10)
     batch, queries, n = 3, 5, 700
-    parts = [make_inputs(rng, queries, HEADS, HEAD_DIM, n, dtype=FP8) for _ in range(batch)]
+    parts = [make_inputs(rng, queries, heads, head_dim, n, dtype=dtype) for _ in range(batch)]
     q, keys, weights = (np.stack(p) for p in zip(*parts))
     key_scales = rng.uniform(0.01, 2.0, size=(batch, n)).astype(np.float32)
     lengths = np.stack([edge_lengths(64, n, queries, rng) for _ in range(batch)])
