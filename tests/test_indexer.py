@@ -56,6 +56,22 @@ def test_topk_equals_topk_filtered_of_logits(backend, family, k, n):
                 assert (got[row, taken:] == -1).all()
 
 
+@pytest.mark.parametrize("family", ["all_negative", "zero_heads", "periodic", "random_bits"])
+def test_topk_at_the_tensor_core_shape(backend, family):
+    """The same at bf16, H = 64, D = 128 (the GPU's tensor-core kernel: tiles of 64 keys and 4
+    queries, so N and M not multiples of either), relu ties at 0 included."""
+    rng = np.random.default_rng(13)
+    queries, n, k = 7, 701, 64
+    q, keys, weights = make_inputs(rng, queries, 64, 128, n, family=family)
+    lengths = edge_lengths(k, n, queries, rng)
+    got = _assert_topk_matches(backend, q, keys, weights, lengths, k=k, sorted=True)
+    if family in ("all_negative", "zero_heads"):
+        for row in range(0, queries, 1 if family == "all_negative" else 2):
+            taken = int(np.clip(lengths[row], 0, min(n, k)))
+            np.testing.assert_array_equal(got[row, :taken], np.arange(taken))
+            assert (got[row, taken:] == -1).all()
+
+
 def test_causal_lengths(backend):
     rng = np.random.default_rng(3)
     queries, n = 16, 1500
