@@ -276,10 +276,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool listed = !key_cut.exact && key_cut.matching <= kMaxK;
     if (listed) {
       uint32_t in_bin = 0;
-#pragma unroll
       const auto in_boundary_bin = [&](int i) {  // key 0 may share bin 0 (-inf is there)
         return keys[i] != 0 && (keys[i] & key_cut.mask) == key_cut.prefix;
       };
+#pragma unroll
       for (int i = 0; i < kItems; ++i) in_bin += in_boundary_bin(i);
       uint32_t total;
       uint32_t at = Positions(s, in_bin, total);
