@@ -1,13 +1,13 @@
 // merge_topk for rows of m <= 16384 candidates: a persistent 512-thread block an SM, the row in
 // registers (32 candidates a thread: 32-bit ordered key and column), read once with 16-byte
 // loads while the copy engine pulls the block's next row into L2.
-// 1. Radix select on the 32-bit ordered key (11-bit digits, a 2048-bin shared histogram; the
-//    first pass also counts the candidates): the k-th key's decided digits and how many rank
-//    above them; it stops when the boundary bin holds exactly the winners still needed.
-// 2. Only when the k-th key is tied: the same select over those entries' columns (smallest
-//    first), giving the column quota; equal (key, column) pairs fill the rest by an atomic.
-// 3. The winners go to shared memory; one cub::BlockRadixSort orders them on a key of only the
-//    bits they differ in (key span and column span), 32-bit when those fit.
+// 1. Radix select on the ordered key, 11-bit digits in a shared histogram: the first pass over
+//    the registers (it also counts the candidates); the boundary bin's entries, when they fit,
+//    go to a shared list and the later passes run over it. A tied k-th key adds the same select
+//    over its entries' columns (smallest first); equal (key, column) pairs fill the rest.
+// 2. The winners go to shared memory by a block scan; each is ranked within its bucket of the
+//    top 11 bits of a code holding only the bits the winners differ in, and written at its rank
+//    (a cub::BlockRadixSort on the code when a bucket is crowded).
 // Traffic: m x (value + 4 bytes) read once a row, k x (value + 4) written.
 #pragma once
 
@@ -31,37 +31,39 @@ constexpr int64_t kMaxWidth = int64_t{kThreads} * kItems;
 constexpr int kDigitBits = 11;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerThread = kBins / kThreads;
-constexpr int kSortItems = kMaxK / kThreads;
+constexpr int kListItems = kMaxK / kThreads;  // list entries, winners and sort items a thread
+constexpr int kMaxBucket = 64;  // a crowded bucket: the ranks by comparison would cost more
 constexpr unsigned kAllLanes = 0xFFFFFFFFu;
-static_assert(kSortItems * kThreads == kMaxK, "the sort holds k <= kMaxK");
+static_assert(kListItems * kThreads == kMaxK, "the list and the sort hold k <= kMaxK");
 
 struct BinFound {
   uint32_t bin, above, count;
 };
 
 struct Shared {
-  using Sort32 = cub::BlockRadixSort<uint32_t, kThreads, kSortItems>;
-  using Sort64 = cub::BlockRadixSort<uint64_t, kThreads, kSortItems>;
+  using Sort32 = cub::BlockRadixSort<uint32_t, kThreads, kListItems>;
+  using Sort64 = cub::BlockRadixSort<uint64_t, kThreads, kListItems>;
   union {
     typename Sort32::TempStorage sort32;
     typename Sort64::TempStorage sort64;
     struct {
       uint32_t keys[kMaxK];
       int32_t columns[kMaxK];
-    } winners;  // in no order
+    } list;  // the boundary bin's entries during the select, then the winners (in no order)
   };
-  uint32_t hist[kBins];  // zero between passes
+  uint16_t order[kMaxK];  // winners' slots by bucket
+  uint32_t hist[kBins];   // zero between uses
   uint32_t warp_sums[kWarps];
   BinFound found;
-  int32_t winner_count;
   int32_t equal_taken;
-  uint32_t key_min, key_max, column_min, column_max;
+  uint32_t key_min, key_max, column_min, column_max, bucket_max;
 };
 
 // What a select decided: items whose projection masked by `mask` is above `prefix` win; of
 // those equal to it all win when `exact`, else `needed` of them (mask is then every bit).
+// `matching`: how many items match the prefix; `total`: how many counted in the first pass.
 struct Cut {
-  uint32_t prefix, mask, needed, total;
+  uint32_t prefix, mask, needed, matching, total;
   bool exact;
 };
 
@@ -79,69 +81,63 @@ __device__ __forceinline__ void CountLanes(uint32_t* hist, uint32_t digit, bool 
   }
 }
 
-// The rank-th largest of the projections project(i, value) (true when item i counts), over
-// kBits bits from the top, 11 at a time. Every thread calls it; it ends with a barrier.
-template <int kBits, class Project>
-__device__ __forceinline__ Cut SelectLargest(Shared& s, const Project& project, uint32_t rank) {
-  Cut cut{0, 0, rank, 0, false};
-#pragma unroll 1
-  for (int high = kBits; high > 0; high -= kDigitBits) {
-    const int shift = high > kDigitBits ? high - kDigitBits : 0;
-    const uint32_t digit_mask = (1u << (high - shift)) - 1u;
+// One digit, bits [shift, high) with shift = max(high - 11, 0), of the projections
+// project(i, value) of items i < kCount (true when item i counts) that match cut's prefix:
+// the histogram, then the bin holding the cut.needed-th largest. Every thread calls it with
+// block-uniform arguments; it ends with a barrier.
+template <int kCount, class Project>
+__device__ __forceinline__ void SelectDigit(Shared& s, const Project& project, Cut& cut, int high) {
+  const int shift = high > kDigitBits ? high - kDigitBits : 0;
+  const uint32_t digit_mask = (1u << (high - shift)) - 1u;
 #pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      uint32_t value = 0;
-      const bool counted = project(i, value) && (value & cut.mask) == cut.prefix;
-      CountLanes(s.hist, (value >> shift) & digit_mask, counted);
-    }
-    __syncthreads();
-    uint32_t counts[kBinsPerThread];
-    uint32_t mine = 0;
-#pragma unroll
-    for (int j = 0; j < kBinsPerThread; ++j) {
-      const int bin = kBins - 1 - (static_cast<int>(threadIdx.x) * kBinsPerThread + j);
-      counts[j] = s.hist[bin];
-      s.hist[bin] = 0;
-      mine += counts[j];
-    }
-    uint32_t total;
-    uint32_t above = BlockExclusiveSum<kWarps>(s.warp_sums, mine, total);
-#pragma unroll
-    for (int j = 0; j < kBinsPerThread; ++j) {
-      const uint32_t bin = kBins - 1 - (threadIdx.x * kBinsPerThread + j);
-      if (above < cut.needed && cut.needed <= above + counts[j]) s.found = {bin, above, counts[j]};
-      above += counts[j];
-    }
-    if (high == kBits) cut.total = total;
-    if (total <= cut.needed) {  // every item matching the prefix wins (first pass only)
-      cut.needed = total;
-      cut.exact = true;
-      break;
-    }
-    __syncthreads();
-    const BinFound found = s.found;
-    cut.prefix |= found.bin << shift;
-    cut.mask |= digit_mask << shift;
-    cut.needed -= found.above;
-    if (found.count == cut.needed) {
-      cut.exact = true;
-      break;
-    }
+  for (int i = 0; i < kCount; ++i) {
+    uint32_t value = 0;
+    const bool counted = project(i, value) && (value & cut.mask) == cut.prefix;
+    CountLanes(s.hist, (value >> shift) & digit_mask, counted);
   }
   __syncthreads();
-  return cut;
+  uint32_t counts[kBinsPerThread];
+  uint32_t mine = 0;
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    const int bin = kBins - 1 - (static_cast<int>(threadIdx.x) * kBinsPerThread + j);
+    counts[j] = s.hist[bin];
+    s.hist[bin] = 0;
+    mine += counts[j];
+  }
+  uint32_t total;
+  uint32_t above = BlockExclusiveSum<kWarps>(s.warp_sums, mine, total);
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    const uint32_t bin = kBins - 1 - (threadIdx.x * kBinsPerThread + j);
+    if (above < cut.needed && cut.needed <= above + counts[j]) s.found = {bin, above, counts[j]};
+    above += counts[j];
+  }
+  if (cut.mask == 0) cut.total = total;
+  if (total <= cut.needed) {  // every item matching the prefix wins (first digit only)
+    cut.needed = cut.matching = total;
+    cut.exact = true;
+  }
+  __syncthreads();
+  if (cut.exact) return;
+  const BinFound found = s.found;
+  cut.prefix |= found.bin << shift;
+  cut.mask |= digit_mask << shift;
+  cut.needed -= found.above;
+  cut.matching = found.count;
+  cut.exact = found.count == cut.needed;
 }
 
-// A slot of a shared append counter for each lane that wants one: one atomic a warp.
-__device__ __forceinline__ int ReserveSlot(int32_t* counter, bool want) {
-  const uint32_t wanting = __ballot_sync(kAllLanes, want);
-  if (wanting == 0) return 0;
-  const int lane = threadIdx.x % 32;
-  const int leader = __ffs(wanting) - 1;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(counter, __popc(wanting));
-  base = __shfl_sync(kAllLanes, base, leader);
-  return base + __popc(wanting & ((1u << lane) - 1u));
+// The digits below `high` (every thread calls it).
+template <int kCount, class Project>
+__device__ __forceinline__ void SelectRest(Shared& s, const Project& project, Cut& cut, int high) {
+#pragma unroll 1
+  for (; high > 0 && !cut.exact; high -= kDigitBits) SelectDigit<kCount>(s, project, cut, high);
+}
+
+// Exclusive positions for each thread's `count` items, in thread order; the total.
+__device__ __forceinline__ uint32_t Positions(Shared& s, uint32_t count, uint32_t& total) {
+  return BlockExclusiveSum<kWarps>(s.warp_sums, count, total);
 }
 
 // The copy engine pulls the 16-byte-aligned inside of [begin, begin + bytes) into L2.
@@ -161,26 +157,49 @@ __device__ __forceinline__ int BitsOf(uint32_t x) {
   return 32 - __clz(x);
 }
 
-// Sorts the winners (taken of them in s.winners) on `bits` bits of a key built by encode
-// (slots past `taken` get `pad`), in rank order or ascending, then writes k slots.
-template <typename Key, class Sort, class Storage, class Encode, class Write>
-__device__ __forceinline__ void SortAndWrite(Storage& storage, Shared& s, int taken, int bits,
-                                             bool descending, Key pad, const Encode& encode,
-                                             const Write& write) {
-  Key keys[kSortItems];
+// The winners' order as one ascending number of key_bits + column_bits bits: (key descending,
+// column ascending) when sorted, else (column ascending, key descending).
+struct OrderCode {
+  bool sorted;
+  int key_bits, column_bits;
+  uint32_t key_max, column_min;
+  __device__ __forceinline__ uint64_t operator()(uint32_t key, int32_t column) const {
+    const uint64_t key_part = key_max - key;
+    const uint64_t column_part = static_cast<uint32_t>(column) - column_min;
+    return sorted ? (key_part << column_bits | column_part) : (column_part << key_bits | key_part);
+  }
+};
+
+// The crowded case: the `taken` winners (s.list) sorted with cub on their codes, a flag bit
+// above marking the pads (ascending: pads last); put(rank, key, column) for each, the key and
+// column read back from the code.
+template <typename Code, class Sort, class Storage, class Put>
+__device__ __forceinline__ void SortAndPut(Storage& storage, Shared& s, int taken,
+                                           const OrderCode& code, const Put& put) {
+  const int bits = code.key_bits + code.column_bits;
+  Code items[kListItems];
 #pragma unroll
-  for (int i = 0; i < kSortItems; ++i) {
-    const int slot = static_cast<int>(threadIdx.x) * kSortItems + i;
-    keys[i] = slot < taken ? encode(s.winners.keys[slot], s.winners.columns[slot]) : pad;
+  for (int i = 0; i < kListItems; ++i) {
+    const int slot = static_cast<int>(threadIdx.x) * kListItems + i;
+    items[i] = slot < taken ? static_cast<Code>(code(s.list.keys[slot], s.list.columns[slot]))
+                            : static_cast<Code>(Code{1} << bits);
   }
   __syncthreads();  // the winners' storage becomes the sort's
-  if (descending) {
-    Sort(storage).SortDescendingBlockedToStriped(keys, 0, bits);
-  } else {
-    Sort(storage).SortBlockedToStriped(keys, 0, bits);
-  }
+  Sort(storage).SortBlockedToStriped(items, 0, bits + 1);
+  const int low_bits = code.sorted ? code.column_bits : code.key_bits;
+  const uint64_t low_mask = (uint64_t{1} << low_bits) - 1;
+  const uint64_t high_mask = (uint64_t{1} << (bits - low_bits)) - 1;
 #pragma unroll
-  for (int i = 0; i < kSortItems; ++i) write(i * kThreads + static_cast<int>(threadIdx.x), keys[i]);
+  for (int i = 0; i < kListItems; ++i) {
+    const int rank = i * kThreads + static_cast<int>(threadIdx.x);
+    if (rank >= taken) continue;
+    const uint64_t item = items[i];
+    const uint32_t high = static_cast<uint32_t>((item >> low_bits) & high_mask);
+    const uint32_t low = static_cast<uint32_t>(item & low_mask);
+    const uint32_t key = code.key_max - (code.sorted ? high : low);
+    const uint32_t column = code.column_min + (code.sorted ? low : high);
+    put(rank, key, static_cast<int32_t>(column));
+  }
 }
 
 template <typename Values>
@@ -196,10 +215,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Block-uniform row loop: each block takes rows blockIdx.x, + grid, ...
   for (int64_t row = blockIdx.x; row < rows; row += grid) {
     if (threadIdx.x == 0) {
-      s.winner_count = 0;
       s.equal_taken = 0;
       s.key_min = s.column_min = 0xFFFFFFFFu;
-      s.key_max = s.column_max = 0;
+      s.key_max = s.column_max = s.bucket_max = 0;
       if (row + grid < rows) {
         PrefetchRange(values + (row + grid) * width, width * sizeof(Bits));
         PrefetchRange(indices + (row + grid) * width, width * sizeof(int32_t));
@@ -243,52 +261,100 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
-    // 2. The k-th key, then (tied) the k-th column among its entries.
-    const Cut key_cut = SelectLargest<Values::kKeyBits>(
-        s,
-        [&](int i, uint32_t& value) {
-          value = keys[i];
-          return keys[i] != 0;
-        },
-        static_cast<uint32_t>(k));
-    Cut column_cut{0, 0, key_cut.needed, 0, true};
+    // 2. The k-th key: its first digit over the registers, the rest over a shared list of the
+    //    boundary bin's entries when they fit (else over the registers again).
+    const auto key_of_register = [&](int i, uint32_t& value) {
+      value = keys[i];
+      return keys[i] != 0;
+    };
+    const auto key_of_list = [&](int i, uint32_t& value) {
+      value = s.list.keys[i * kThreads + threadIdx.x];
+      return value != 0;
+    };
+    Cut key_cut{0, 0, static_cast<uint32_t>(k), 0, 0, false};
+    SelectDigit<kItems>(s, key_of_register, key_cut, Values::kKeyBits);
+    const bool listed = !key_cut.exact && key_cut.matching <= kMaxK;
+    if (listed) {
+      uint32_t in_bin = 0;
+      const auto in_boundary_bin = [&](int i) {  // key 0 may share bin 0 (-inf is there)
+        return keys[i] != 0 && (keys[i] & key_cut.mask) == key_cut.prefix;
+      };
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) in_bin += in_boundary_bin(i);
+      uint32_t total;
+      uint32_t at = Positions(s, in_bin, total);
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if (in_boundary_bin(i)) {
+          s.list.keys[at] = keys[i];
+          s.list.columns[at] = columns[i];
+          ++at;
+        }
+      }
+      for (int slot = total + threadIdx.x; slot < kMaxK; slot += kThreads) s.list.keys[slot] = 0;
+      __syncthreads();
+      SelectRest<kListItems>(s, key_of_list, key_cut, Values::kKeyBits - kDigitBits);
+    } else {
+      SelectRest<kItems>(s, key_of_register, key_cut, Values::kKeyBits - kDigitBits);
+    }
+    //    Then, for a tied k-th key, the k-th smallest column among its entries.
+    Cut column_cut{0, 0, key_cut.needed, 0, 0, true};
     if (!key_cut.exact) {
-      column_cut = SelectLargest<31>(
-          s,
-          [&](int i, uint32_t& value) {
-            value = 0x7FFFFFFFu - static_cast<uint32_t>(columns[i]);
-            return keys[i] == key_cut.prefix;
-          },
-          key_cut.needed);
+      column_cut.exact = false;
+      if (listed) {
+        SelectRest<kListItems>(
+            s,
+            [&](int i, uint32_t& value) {
+              const int slot = i * kThreads + threadIdx.x;
+              value = 0x7FFFFFFFu - static_cast<uint32_t>(s.list.columns[slot]);
+              return s.list.keys[slot] == key_cut.prefix;
+            },
+            column_cut, 31);
+      } else {
+        SelectRest<kItems>(
+            s,
+            [&](int i, uint32_t& value) {
+              value = 0x7FFFFFFFu - static_cast<uint32_t>(columns[i]);
+              return keys[i] == key_cut.prefix;
+            },
+            column_cut, 31);
+      }
     }
     const int taken =
         static_cast<int>(key_cut.total < static_cast<uint32_t>(k) ? key_cut.total : k);
 
-    // 3. The winners to shared memory, and their key and column spans.
-    uint32_t key_min = 0xFFFFFFFFu, key_max = 0, column_min = 0xFFFFFFFFu, column_max = 0;
+    // 3. The winners to shared memory (positions by a block scan), and their spans.
+    uint32_t wins = 0;  // bit i: item i wins
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const uint32_t key = keys[i];
       const uint32_t decided = key & key_cut.mask;
-      bool wins = key != 0 && decided > key_cut.prefix;
+      bool win = key != 0 && decided > key_cut.prefix;
       if (key != 0 && decided == key_cut.prefix) {
         if (key_cut.exact) {
-          wins = true;
+          win = true;
         } else {
           const uint32_t column_value =
               (0x7FFFFFFFu - static_cast<uint32_t>(columns[i])) & column_cut.mask;
-          wins = column_value > column_cut.prefix ||
-                 (column_value == column_cut.prefix &&
-                  (column_cut.exact ||
-                   atomicAdd(&s.equal_taken, 1) < static_cast<int>(column_cut.needed)));
+          win = column_value > column_cut.prefix ||
+                (column_value == column_cut.prefix &&
+                 (column_cut.exact ||
+                  atomicAdd(&s.equal_taken, 1) < static_cast<int>(column_cut.needed)));
         }
       }
-      const int slot = ReserveSlot(&s.winner_count, wins);
-      if (wins) {
-        s.winners.keys[slot] = key;
-        s.winners.columns[slot] = columns[i];
+      wins |= static_cast<uint32_t>(win) << i;
+    }
+    uint32_t winner_total;
+    uint32_t at = Positions(s, __popc(wins), winner_total);
+    uint32_t key_min = 0xFFFFFFFFu, key_max = 0, column_min = 0xFFFFFFFFu, column_max = 0;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (wins >> i & 1u) {
+        s.list.keys[at] = keys[i];
+        s.list.columns[at] = columns[i];
+        ++at;
         const uint32_t column = static_cast<uint32_t>(columns[i]);
-        key_min = min(key_min, key), key_max = max(key_max, key);
+        key_min = min(key_min, keys[i]), key_max = max(key_max, keys[i]);
         column_min = min(column_min, column), column_max = max(column_max, column);
       }
     }
@@ -302,45 +368,89 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    // 4. The order: (key descending, column ascending) as one number descending, or (column
-    //    ascending, key descending) ascending; a flag bit above marks the winners (sorted) or
-    //    the pads (unsorted), so pads sort last.
-    key_min = s.key_min, key_max = s.key_max, column_min = s.column_min, column_max = s.column_max;
-    const int key_bits = taken > 0 ? BitsOf(key_max - key_min) : 0;
-    const int column_bits = taken > 0 ? BitsOf(column_max - column_min) : 0;
-    const int bits = key_bits + column_bits + 1;
-    const int low_bits = sorted ? column_bits : key_bits;
-    const uint64_t low_mask = (uint64_t{1} << low_bits) - 1;
-    const uint64_t high_mask = (uint64_t{1} << (bits - 1 - low_bits)) - 1;
-    const uint64_t flag = uint64_t{1} << (bits - 1);
-    auto encode = [&](uint32_t key, int32_t column) {
-      const uint32_t col = static_cast<uint32_t>(column);
-      return sorted ? flag | (uint64_t{key - key_min} << column_bits) | (column_max - col)
-                    : (uint64_t{col - column_min} << key_bits) | (key_max - key);
-    };
+    // 4. Each winner's rank in the output order, and the writes.
+    OrderCode code{sorted, 0, 0, s.key_max, s.column_min};
+    if (taken > 0) {
+      code.key_bits = BitsOf(s.key_max - s.key_min);
+      code.column_bits = BitsOf(s.column_max - s.column_min);
+    }
+    const int code_bits = code.key_bits + code.column_bits;
     Bits* row_out_values = out_values + row * k;
     int32_t* row_out_indices = out_indices + row * k;
-    auto write = [&](int slot, uint64_t code) {
-      if (slot >= k) return;
-      const bool filled = slot < taken;
-      const uint64_t high = (code >> low_bits) & high_mask, low = code & low_mask;
-      const uint32_t key =
-          sorted ? key_min + static_cast<uint32_t>(high) : key_max - static_cast<uint32_t>(low);
-      const uint32_t column = sorted ? column_max - static_cast<uint32_t>(low)
-                                     : column_min + static_cast<uint32_t>(high);
-      row_out_indices[slot] = filled ? static_cast<int32_t>(column) : kEmptySlot;
-      row_out_values[slot] = filled ? Values::FromKey(key) : Values::kEmpty;
+    const auto put = [&](int rank, uint32_t key, int32_t column) {
+      row_out_indices[rank] = column;
+      row_out_values[rank] = Values::FromKey(key);
     };
-    if (bits <= 32) {
-      SortAndWrite<uint32_t, Shared::Sort32>(
-          s.sort32, s, taken, bits, sorted, static_cast<uint32_t>(sorted ? 0 : flag),
-          [&](uint32_t key, int32_t column) { return static_cast<uint32_t>(encode(key, column)); },
-          write);
-    } else {
-      SortAndWrite<uint64_t, Shared::Sort64>(s.sort64, s, taken, bits, sorted,
-                                             sorted ? uint64_t{0} : flag, encode, write);
+    for (int slot = taken + threadIdx.x; slot < k; slot += kThreads) {
+      row_out_indices[slot] = kEmptySlot;
+      row_out_values[slot] = Values::kEmpty;
     }
-    __syncthreads();  // the sort's storage is the next row's winners
+    //    Buckets: the top 11 bits of the code; their counts and starts (ascending).
+    const int bucket_shift = code_bits > kDigitBits ? code_bits - kDigitBits : 0;
+    uint64_t my_codes[kListItems];
+    uint32_t my_buckets[kListItems];
+#pragma unroll
+    for (int i = 0; i < kListItems; ++i) {
+      const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+      my_codes[i] = slot < taken ? code(s.list.keys[slot], s.list.columns[slot]) : 0;
+      my_buckets[i] = static_cast<uint32_t>(my_codes[i] >> bucket_shift);
+      if (slot < taken) atomicAdd(&s.hist[my_buckets[i]], 1u);
+    }
+    __syncthreads();
+    uint32_t counts[kBinsPerThread];
+    uint32_t mine = 0, largest = 0;
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) {
+      counts[j] = s.hist[threadIdx.x * kBinsPerThread + j];
+      mine += counts[j];
+      largest = max(largest, counts[j]);
+    }
+    uint32_t bucket_total;
+    uint32_t start = Positions(s, mine, bucket_total);
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) {
+      s.hist[threadIdx.x * kBinsPerThread + j] = start;
+      start += counts[j];
+    }
+    largest = __reduce_max_sync(kAllLanes, largest);
+    if (threadIdx.x % 32 == 0) atomicMax(&s.bucket_max, largest);
+    __syncthreads();
+    if (s.bucket_max <= kMaxBucket) {
+      //  Slots by bucket, then each winner's rank: its bucket's start plus the winners of its
+      //  bucket with a smaller code (or an equal one at a lower slot).
+#pragma unroll
+      for (int i = 0; i < kListItems; ++i) {
+        const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+        if (slot < taken) s.order[atomicAdd(&s.hist[my_buckets[i]], 1u)] = slot;
+      }
+      __syncthreads();  // s.hist[b] now ends bucket b
+#pragma unroll
+      for (int i = 0; i < kListItems; ++i) {
+        const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+        if (slot >= taken) continue;
+        const uint32_t b = my_buckets[i];
+        const uint32_t first = b > 0 ? s.hist[b - 1] : 0, end = s.hist[b];
+        uint32_t rank = first;
+        for (uint32_t j = first; j < end; ++j) {
+          const int other = s.order[j];
+          const uint64_t other_code = code(s.list.keys[other], s.list.columns[other]);
+          rank += other_code < my_codes[i] || (other_code == my_codes[i] && other < slot);
+        }
+        put(static_cast<int>(rank), s.list.keys[slot], s.list.columns[slot]);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
+      if (code_bits + 1 <= 32) {
+        SortAndPut<uint32_t, Shared::Sort32>(s.sort32, s, taken, code, put);
+      } else {
+        SortAndPut<uint64_t, Shared::Sort64>(s.sort64, s, taken, code, put);
+      }
+    }
+    __syncthreads();  // the list's storage is the next row's
   }
 }
 
