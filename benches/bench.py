@@ -100,13 +100,15 @@ class Shape:
         )
 
 
-def indexer_shapes(rows_and_n, heads: int, head_dim: int) -> list[Shape]:
-    """Both indexer operators, bf16 then fp8, on a chunk of consecutive queries of one
-    sequence: causal lengths, query t of M seeing N - M + t + 1 keys."""
+def indexer_shapes(
+    rows_and_n, heads: int, head_dim: int, dtypes=("bfloat16", indexer.FP8)
+) -> list[Shape]:
+    """Both indexer operators on a chunk of consecutive queries of one sequence: causal
+    lengths, query t of M seeing N - M + t + 1 keys."""
     return [
         Shape(op, dtype, m, n, 2048, "causal", heads=heads, head_dim=head_dim)
         for op in indexer.OPS
-        for dtype in ("bfloat16", indexer.FP8)
+        for dtype in dtypes
         for m, n in rows_and_n
     ]
 
@@ -151,7 +153,11 @@ def gpu_shapes() -> list[Shape]:
         ((1, 131072), (32, 131072), (128, 65536), (512, 65536), (2048, 32768), (4096, 131072)),
         heads=64,
         head_dim=128,
+        dtypes=("bfloat16",),
     )
+    # fp8 runs on the portable CUDA-core kernel until the tensor cores take it (about
+    # 1 TFLOP/s: a prefill chunk would take seconds a call), so only one decode shape.
+    shapes += indexer_shapes(((1, 131072),), heads=64, head_dim=128, dtypes=(indexer.FP8,))
     return shapes
 
 
@@ -585,7 +591,8 @@ class CostModel:
     lax_ns_per_element: dict  # by itemsize: a full sort of every row
     lax_min_us: float
     torch_ns_per_element: float | None  # None: no torch peer
-    indexer_ours_tflops: float  # the indexer operators
+    indexer_ours_tflops: float  # the indexer operators on the tensor cores (bf16)
+    indexer_portable_tflops: float  # the portable kernel (fp8 until the tensor cores take it)
     indexer_jax_tflops: float  # the JAX einsum path's scores
 
     def indexer_call_us(self, shape: Shape, known: dict | None) -> tuple[float, float, float]:
@@ -594,7 +601,10 @@ class CostModel:
         if known:
             return known["ours_us"], sum(known.get(name) or 0.0 for name in peers), 0.0
         flops = indexer.flops(shape)
-        ours = max(self.ours_min_us, flops / self.indexer_ours_tflops / 1e6)
+        rate = (
+            self.indexer_ours_tflops if shape.dtype == "bfloat16" else self.indexer_portable_tflops
+        )
+        ours = max(self.ours_min_us, flops / rate / 1e6)
         scores = max(self.lax_min_us, flops / self.indexer_jax_tflops / 1e6)
         if shape.op == "indexer_logits":
             return ours, scores, 0.0
@@ -638,6 +648,7 @@ GPU_COSTS = CostModel(
     lax_min_us=30.0,
     torch_ns_per_element=0.012,
     indexer_ours_tflops=450.0,  # the issue's 55 % of the bf16 matrix rate
+    indexer_portable_tflops=1.0,  # a reviewer's estimate of the CUDA-core kernel, not measured
     indexer_jax_tflops=60.0,  # XLA's einsum path measured for issue 15
 )
 CPU_COSTS = CostModel(
@@ -650,6 +661,7 @@ CPU_COSTS = CostModel(
     lax_min_us=100.0,
     torch_ns_per_element=None,
     indexer_ours_tflops=0.05,
+    indexer_portable_tflops=0.05,
     indexer_jax_tflops=0.05,
 )
 
