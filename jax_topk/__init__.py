@@ -7,10 +7,10 @@ from ._build_check import require_jaxlib_of_build
 
 require_jaxlib_of_build()  # before _api registers any handler
 
-from ._api import topk_bf16, topk_filtered
-from ._indexer import indexer_logits, indexer_topk
-from ._merge import merge_topk
-from ._top_k import top_k
+from ._api import topk_bf16, topk_filtered  # noqa: E402 (after the jaxlib check)
+from ._indexer import indexer_logits, indexer_topk  # noqa: E402
+from ._merge import merge_topk  # noqa: E402
+from ._top_k import top_k  # noqa: E402
 
 __all__ = [
     "indexer_logits",

@@ -9,8 +9,9 @@ results bit for bit. Every step is exact by construction, never by a backend's t
    group's num_valid_rows are not candidates.
 2. `lax.top_k` of the keys with non-candidates at int32's minimum: its documented rule
    ranks equal keys by the lower index, which is the contract's tie rule (32-bit integers
-   and 64-bit types: one `lax.sort` by (not a candidate, key descending, column ascending) instead). The first
-   min(k, candidates) entries are the rank order; `sorted=False` sorts those k columns.
+   and 64-bit types: one `lax.sort` by (not a candidate, key descending, column ascending)
+   instead). The first min(k, candidates) entries are the rank order; `sorted=False` sorts
+   those k columns.
 3. The page transform, in 32-bit unsigned arithmetic as the handlers do.
 As fast as `jax.lax.top_k` of the same rows (it is one, on int32 keys); top_k's exact path
 for k > 2048 and for dtypes the kernels do not read.
@@ -89,7 +90,8 @@ def valid_rows(rows: int, num_valid_rows):
 
 
 def select(scores, lengths, num_valid_rows, *, k: int, sorted: bool, has_num_valid_rows: bool):
-    """The selected columns, int32 [rows, k], -1 past the candidates (docs/contract.md section 4)."""
+    """The selected columns, int32 [rows, k], -1 past the candidates (docs/contract.md
+    section 4)."""
     rows, n = scores.shape
     if rows == 0:
         return jnp.full((0, k), EMPTY_SLOT, jnp.int32)
@@ -150,24 +152,35 @@ def ffi_call(*operands, params: Params):
     when `params.with_values`) out."""
     operands = Operands(*operands)
     scores = operands.scores
-    columns = select(
+    columns = select_by_params(scores, operands.lengths, operands.num_valid_rows, params)
+    values = gather_values(scores, columns) if params.with_values else None
+    columns = page_by_params(columns, operands.page_table, operands.table_rows, params)
+    return (columns,) if values is None else (columns, values)
+
+
+def select_by_params(scores, lengths, num_valid_rows, params):
+    """`select` with the static parameters of a call (top-k's or the indexer's)."""
+    return select(
         scores,
-        operands.lengths,
-        operands.num_valid_rows,
+        lengths,
+        num_valid_rows,
         k=params.k,
         sorted=params.sorted,
         has_num_valid_rows=params.has_num_valid_rows,
     )
-    values = gather_values(scores, columns) if params.with_values else None
-    if params.has_page_table and columns.shape[0]:
-        columns = page_transform(
-            columns,
-            operands.page_table,
-            operands.table_rows,
-            log2_page_size=params.log2_page_size,
-            has_table_rows=params.has_table_rows,
-        )
-    return (columns,) if values is None else (columns, values)
+
+
+def page_by_params(columns, page_table, table_rows, params):
+    """The page transform when the call has a page table (else the columns as they are)."""
+    if not (params.has_page_table and columns.shape[0]):
+        return columns
+    return page_transform(
+        columns,
+        page_table,
+        table_rows,
+        log2_page_size=params.log2_page_size,
+        has_table_rows=params.has_table_rows,
+    )
 
 
 def merge(values, indices, *, k: int, sorted: bool):
@@ -244,20 +257,11 @@ def indexer_call(*operands, params):
         return (logits,)
     batch, queries, keys_count = logits.shape
     rows = batch * queries
-    columns = select(
+    columns = select_by_params(
         logits.reshape(rows, keys_count),
         operands.lengths.reshape(rows),
         operands.num_valid_rows,
-        k=params.k,
-        sorted=params.sorted,
-        has_num_valid_rows=params.has_num_valid_rows,
+        params,
     )
-    if params.has_page_table and rows:
-        columns = page_transform(
-            columns,
-            operands.page_table,
-            operands.table_rows,
-            log2_page_size=params.log2_page_size,
-            has_table_rows=params.has_table_rows,
-        )
+    columns = page_by_params(columns, operands.page_table, operands.table_rows, params)
     return (columns.reshape(batch, queries, params.k),)
