@@ -14,9 +14,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/indexer_problem.h"
-#include "kernels/indexer/wgmma_bf16.cuh"
+#include "kernels/indexer/wgmma.cuh"
 #include "kernels/indexer_cuda.h"
 
 // CMake defines this when it compiles this file for sm_90a (the only target with wgmma);
@@ -37,15 +38,23 @@ constexpr int kKeysPerTile = 64;  // wgmma's M
 constexpr int kWarpgroups = 2;
 constexpr int kThreadsPerWarpgroup = 128;
 constexpr int kThreads = kWarpgroups * kThreadsPerWarpgroup;
-constexpr int kKStep = 16;  // bf16 wgmma's K
-// A 128B-swizzled K-major operand: 64 bf16 (128 B) a row, 8-row atoms of 1024 B; D = 128 is
-// two such halves, one after the other.
+// A 128B-swizzled K-major operand: 128 B a row (64 bf16 or 128 fp8), 8-row atoms of 1024 B; a
+// bf16 D = 128 is two such parts one after the other, an fp8 one.
 constexpr int kRowBytes = 128;
-constexpr int kHalfElems = kRowBytes / 2;
 constexpr int kAtomBytes = 1024;
-constexpr int kChunkBytes = 16;                            // one cp.async
-constexpr int kChunksPerRow = kHeadDim * 2 / kChunkBytes;  // 16 over both halves
-constexpr int kKeyTileBytes = kKeysPerTile * kHeadDim * 2;
+constexpr int kChunkBytes = 16;  // one cp.async
+constexpr int kChunksPerPartRow = kRowBytes / kChunkBytes;
+constexpr int kKStepBytes = 32;  // one wgmma k-step: 16 bf16 or 32 fp8
+using indexer::Bf16Input;
+using indexer::Fp8E4M3Input;
+// Bytes of one D row and its 16-byte chunks, per input type.
+template <typename Input>
+struct RowShape {
+  static constexpr int kBytes = kHeadDim * static_cast<int>(sizeof(typename Input::Bits));
+  static constexpr int kChunks = kBytes / kChunkBytes;  // 16 bf16, 8 fp8
+  static constexpr int kKeyTileBytes = kKeysPerTile * kBytes;
+  static_assert(Input::kKStep * static_cast<int>(sizeof(typename Input::Bits)) == kKStepBytes);
+};
 // Named barriers: 1 + warpgroup for a warpgroup's own sync; these two order the wgmma turns.
 constexpr int kFirstTurnBarrier = 3;  // warpgroup g waits on kFirstTurnBarrier + g
 // The probe builds with other values to measure what the turns and the ring depth buy.
@@ -62,12 +71,26 @@ constexpr bool kTakeTurns = JAX_TOPK_INDEXER_WGMMA_TURNS != 0;
 #define JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS 8
 #endif
 constexpr int kEpilogueHeadGroups = JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS;
+// fp8 k-steps chained inside one wgmma accumulation before the sum moves to float32 registers on
+// the CUDA cores (Hopper's fp8 tensor cores add with fewer bits than float32): 1 or 2 keep
+// partial sums (2 queries a tile then: registers), 4 chains all of D = 128 (4 queries a tile).
+#ifndef JAX_TOPK_INDEXER_WGMMA_FP8_CHAIN
+#define JAX_TOPK_INDEXER_WGMMA_FP8_CHAIN 1
+#endif
+constexpr int kFp8ChainSteps = JAX_TOPK_INDEXER_WGMMA_FP8_CHAIN;
+static_assert(kFp8ChainSteps == 1 || kFp8ChainSteps == 2 || kFp8ChainSteps == 4);
+// k-steps a chain, per input type: bf16 chains all 8 (float32 accumulation in the tensor core).
+template <typename Input>
+constexpr int ChainSteps() {
+  return std::is_same<Input, Fp8E4M3Input>::value ? kFp8ChainSteps : kHeadDim / Input::kKStep;
+}
 
-template <int kQueriesPerTile>
+template <typename Input, int kQueriesPerTile>
 struct TileShape {
   static constexpr int kCols = kQueriesPerTile * kHeads;  // wgmma's N: (query, head) pairs
   static constexpr int kKeyStages = JAX_TOPK_INDEXER_WGMMA_STAGES;
-  static constexpr int kQBytes = kCols * kHeadDim * 2;
+  static constexpr int kKeyTileBytes = RowShape<Input>::kKeyTileBytes;
+  static constexpr int kQBytes = kCols * RowShape<Input>::kBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kKeysOffset = kQOffset + kQBytes;
   static constexpr int kWeightsOffset = kKeysOffset + kWarpgroups * kKeyStages * kKeyTileBytes;
@@ -82,12 +105,12 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-// Byte offset of 16-byte chunk `chunk` (0..15 over D) of row `row` in a swizzled operand of
-// `rows` rows: the chunk index within a 128-byte row XORs with the row's place in its atom.
+// Byte offset of 16-byte chunk `chunk` (over D) of row `row` in a swizzled operand of `rows`
+// rows: the chunk index within a 128-byte row XORs with the row's place in its atom.
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk, int rows) {
-  const int half = chunk / (kChunksPerRow / 2);
-  const int chunk_in_row = chunk % (kChunksPerRow / 2);
-  return half * rows * kRowBytes + row * kRowBytes + ((chunk_in_row ^ (row & 7)) * kChunkBytes);
+  const int part = chunk / kChunksPerPartRow;
+  const int chunk_in_row = chunk % kChunksPerPartRow;
+  return part * rows * kRowBytes + row * kRowBytes + ((chunk_in_row ^ (row & 7)) * kChunkBytes);
 }
 
 // 16 bytes global -> shared; src_bytes = 0 fills zeros (rows past the end).
@@ -141,8 +164,8 @@ __device__ __forceinline__ uint64_t SwizzledOperandDescriptor(uint32_t address) 
 }
 
 struct IndexerArgs {
-  const uint16_t* q;  // bf16 bits
-  const uint16_t* keys;
+  const void* q;  // bf16 or fp8 bits
+  const void* keys;
   const float* weights;
   const float* key_scales;  // or nullptr
   const int32_t* lengths;   // or nullptr
@@ -172,12 +195,81 @@ struct WriteLogits {
   }
 };
 
-template <int kQueriesPerTile, bool kHasScales, typename Sink>
+// One key tile's products, keys x (query, head), into `acc` (the CUDA-core float32 sum of
+// partial chains where the input asks for them), between this warpgroup's turns.
+template <typename Input, int kCols>
+struct TileProducts {
+  static constexpr int kSteps = kHeadDim / Input::kKStep;
+  static constexpr int kChainSteps = ChainSteps<Input>();
+  static constexpr int kChains = kSteps / kChainSteps;
+  // Partial chains in flight (ping-pong); none where one chain covers D.
+  static constexpr int kPartials = kChains == 1 ? 0 : 2;
+  float partial[kPartials == 0 ? 1 : kPartials][kPartials == 0 ? 1 : kCols / 2];
+
+  // The k-steps of chain `chain` into `out`. The descriptors' address fields count 16-byte
+  // units; a D row is kRowBytes-wide parts, each `rows` rows of the operand.
+  __device__ __forceinline__ static void IssueChain(float (&out)[kCols / 2], int chain,
+                                                    uint64_t desc_keys, uint64_t desc_q) {
+#pragma unroll
+    for (int step = chain * kChainSteps; step < (chain + 1) * kChainSteps; ++step) {
+      const int part = step * kKStepBytes / kRowBytes;
+      const int step_bytes = step * kKStepBytes % kRowBytes;
+      indexer::Wgmma<Input, kCols>(
+          out, desc_keys + ((part * kKeysPerTile * kRowBytes + step_bytes) >> 4),
+          desc_q + ((part * kCols * kRowBytes + step_bytes) >> 4), step != chain * kChainSteps);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  }
+
+  // Waits for this warpgroup's turn, issues, passes the turn on and waits for the products.
+  __device__ __forceinline__ void Compute(float (&acc)[kCols / 2], int warpgroup,
+                                          uint64_t desc_keys, uint64_t desc_q) {
+    WaitTurn(warpgroup);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    if constexpr (kPartials == 0) {
+      IssueChain(acc, 0, desc_keys, desc_q);
+      PassTurn(warpgroup);  // the other warpgroup's chain queues behind this one
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    } else {
+      // Chains 0 and 1 in flight; each finished one is added (in chain order) and its
+      // registers take chain c + 2.
+      // The turn passes after the last chain is issued.
+      IssueChain(partial[0], 0, desc_keys, desc_q);
+      IssueChain(partial[1], 1, desc_keys, desc_q);
+      if (kChains == 2) PassTurn(warpgroup);
+#pragma unroll
+      for (int chain = 0; chain < kChains; ++chain) {
+        float (&done)[kCols / 2] = partial[chain % 2];
+        if (chain + 1 < kChains) {
+          asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        } else {
+          asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        }
+        // The compiler must not read the registers before the wait.
+#pragma unroll
+        for (int i = 0; i < kCols / 2; ++i) asm volatile("" : "+f"(done[i])::"memory");
+#pragma unroll
+        for (int i = 0; i < kCols / 2; ++i) acc[i] = chain == 0 ? done[i] : acc[i] + done[i];
+        if (chain + 2 < kChains) {
+          asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+          IssueChain(done, chain + 2, desc_keys, desc_q);
+          if (chain + 3 == kChains) PassTurn(warpgroup);
+        }
+      }
+    }
+  }
+};
+
+template <typename Input, int kQueriesPerTile, bool kHasScales, typename Sink>
 __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const IndexerArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Shape = TileShape<kQueriesPerTile>;
+  using Shape = TileShape<Input, kQueriesPerTile>;
+  using Bits = typename Input::Bits;
   constexpr int kCols = Shape::kCols;
   constexpr int kStages = Shape::kKeyStages;
+  constexpr int kKeyTileBytes = Shape::kKeyTileBytes;
+  constexpr int kChunksPerRow = RowShape<Input>::kChunks;
+  constexpr int kElemsPerChunk = kChunkBytes / static_cast<int>(sizeof(Bits));
   extern __shared__ unsigned char shared_raw[];
   unsigned char* shared = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(shared_raw) + kAtomBytes - 1) & ~uintptr_t{kAtomBytes - 1});
@@ -198,6 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   float acc[kCols / 2];
 #pragma unroll
   for (int i = 0; i < kCols / 2; ++i) acc[i] = 0.0f;
+  TileProducts<Input, kCols> products;
   // Warpgroup 0 has the first turn; it takes that arrival back at the end.
   if (warpgroup == 1) PassTurn(warpgroup);
 
@@ -212,12 +305,13 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
 
     // The query tile: q rows (query, head) swizzled, weights, lengths. Zeros past M.
     __syncthreads();  // the previous run is done with them
-    const uint16_t* q_rows = args.q + (sequence * args.queries + first_query) * kHeads * kHeadDim;
+    const Bits* q_rows = static_cast<const Bits*>(args.q) +
+                         (sequence * args.queries + first_query) * kHeads * kHeadDim;
     for (int i = threadIdx.x; i < kCols * kChunksPerRow; i += kThreads) {
       const int row = i / kChunksPerRow;
       const int chunk = i % kChunksPerRow;
       const bool inside = first_query + row / kHeads < args.queries;
-      const uint16_t* src = inside ? q_rows + row * kHeadDim + chunk * 8 : args.q;
+      const void* src = inside ? q_rows + row * kHeadDim + chunk * kElemsPerChunk : args.q;
       CopyChunkAsync(SharedAddress(q_tile + SwizzledOffset(row, chunk, kCols)), src,
                      inside ? 16 : 0);
     }
@@ -251,7 +345,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     }
     const int visible_end_tile =
         std::max(first_tile, std::min(end_tile, (longest + kKeysPerTile - 1) / kKeysPerTile));
-    const uint16_t* sequence_keys = args.keys + sequence * args.keys_count * kHeadDim;
+    const Bits* sequence_keys =
+        static_cast<const Bits*>(args.keys) + sequence * args.keys_count * kHeadDim;
     const float* sequence_scales =
         kHasScales ? args.key_scales + sequence * args.keys_count : nullptr;
 
@@ -268,9 +363,10 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         const int row = i / kChunksPerRow;
         const int chunk = i % kChunksPerRow;
         const bool inside = first_key + row < args.keys_count;
-        const uint16_t* src =
-            inside ? sequence_keys + static_cast<int64_t>(first_key + row) * kHeadDim + chunk * 8
-                   : args.keys;
+        const void* src = inside
+                              ? sequence_keys + static_cast<int64_t>(first_key + row) * kHeadDim +
+                                    chunk * kElemsPerChunk
+                              : args.keys;
         CopyChunkAsync(SharedAddress(stage + SwizzledOffset(row, chunk, kKeysPerTile)), src,
                        inside ? 16 : 0);
       }
@@ -295,20 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
 
       const uint64_t desc_keys =
           SwizzledOperandDescriptor(SharedAddress(my_stages + (index % kStages) * kKeyTileBytes));
-      WaitTurn(warpgroup);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int k = 0; k < kHeadDim / kKStep; ++k) {
-        // The descriptor's address field counts 16-byte units.
-        const int half = k / (kHalfElems / kKStep);
-        const int step_bytes = (k % (kHalfElems / kKStep)) * kKStep * 2;
-        indexer::WgmmaBf16<kCols>(acc,
-                                  desc_keys + ((half * kKeysPerTile * kRowBytes + step_bytes) >> 4),
-                                  desc_q + ((half * kCols * kRowBytes + step_bytes) >> 4), k);
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      PassTurn(warpgroup);  // the other warpgroup's chain queues behind this one
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      products.Compute(acc, warpgroup, desc_keys, desc_q);
 
       // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
       // 8 j + 2 (lane % 4) + e: query j / 8, head 8 (j % 8) + 2 (lane % 4) + e.
@@ -401,10 +484,10 @@ bool DeviceIsSm90(int device) {
   return known == 1;
 }
 
-template <int kQueriesPerTile, bool kHasScales>
+template <typename Input, int kQueriesPerTile, bool kHasScales>
 cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t stream) {
-  using Shape = TileShape<kQueriesPerTile>;
-  auto kernel = IndexerLogitsWgmmaKernel<kQueriesPerTile, kHasScales, WriteLogits>;
+  using Shape = TileShape<Input, kQueriesPerTile>;
+  auto kernel = IndexerLogitsWgmmaKernel<Input, kQueriesPerTile, kHasScales, WriteLogits>;
   // The shared-memory limit is per device and per kernel; raised once each.
   static std::atomic<bool> limit_raised[kMaxDevices];
   if (!limit_raised[device].load(std::memory_order_relaxed)) {
@@ -414,8 +497,8 @@ cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t 
     limit_raised[device].store(true, std::memory_order_relaxed);
   }
   IndexerArgs args;
-  args.q = static_cast<const uint16_t*>(problem.q);
-  args.keys = static_cast<const uint16_t*>(problem.keys);
+  args.q = problem.q;
+  args.keys = problem.keys;
   args.weights = problem.weights;
   args.key_scales = problem.key_scales;
   args.lengths = problem.lengths;
@@ -431,13 +514,28 @@ cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t 
   return cudaGetLastError();
 }
 
+// One query a tile only where there is one query: four (two for fp8's partial chains, whose
+// registers double the accumulators) share each key tile's wgmma otherwise.
+template <typename Input>
+cudaError_t LaunchForInput(const IndexerProblem& problem, int device, cudaStream_t stream) {
+  constexpr int kQueriesPerTile = TileProducts<Input, 4 * kHeads>::kPartials == 0 ? 4 : 2;
+  const bool has_scales = problem.key_scales != nullptr;
+  if (problem.queries == 1) {
+    return has_scales ? LaunchTiles<Input, 1, true>(problem, device, stream)
+                      : LaunchTiles<Input, 1, false>(problem, device, stream);
+  }
+  return has_scales ? LaunchTiles<Input, kQueriesPerTile, true>(problem, device, stream)
+                    : LaunchTiles<Input, kQueriesPerTile, false>(problem, device, stream);
+}
+
 }  // namespace
 
 bool IndexerLogitsWgmmaSupports(const IndexerProblem& problem, int device) {
   constexpr int64_t kInt32Limit = 0x7FFFFFFF;
-  return kBuiltForSm90a && problem.input == IndexerInput::kBfloat16 && problem.heads == kHeads &&
-         problem.head_dim == kHeadDim && problem.batch >= 1 && problem.queries >= 1 &&
-         problem.keys_count >= 1 && problem.queries <= kInt32Limit &&
+  return kBuiltForSm90a &&
+         (problem.input == IndexerInput::kBfloat16 || problem.input == IndexerInput::kFloat8E4M3) &&
+         problem.heads == kHeads && problem.head_dim == kHeadDim && problem.batch >= 1 &&
+         problem.queries >= 1 && problem.keys_count >= 1 && problem.queries <= kInt32Limit &&
          problem.keys_count <= kInt32Limit / kKeysPerTile && DeviceIsSm90(device);
 }
 
@@ -446,14 +544,9 @@ cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
   if (!IndexerLogitsWgmmaSupports(problem, device)) return cudaErrorInvalidValue;
-  // One query a tile only where there is one query: four share each key tile's wgmma otherwise.
-  const bool has_scales = problem.key_scales != nullptr;
-  if (problem.queries == 1) {
-    return has_scales ? LaunchTiles<1, true>(problem, device, stream)
-                      : LaunchTiles<1, false>(problem, device, stream);
-  }
-  return has_scales ? LaunchTiles<4, true>(problem, device, stream)
-                    : LaunchTiles<4, false>(problem, device, stream);
+  return problem.input == IndexerInput::kFloat8E4M3
+             ? LaunchForInput<Fp8E4M3Input>(problem, device, stream)
+             : LaunchForInput<Bf16Input>(problem, device, stream);
 }
 
 }  // namespace jax_topk
