@@ -18,7 +18,7 @@ for variant in "$@"; do
   echo "== $name (${variant#*:})"
   if [ $first = 1 ]; then
     cuobjdump --dump-sass /tmp/probe_$name > $out/sass_$name.txt
-    echo "HGMMA: $(grep -c HGMMA $out/sass_$name.txt)  local memory: $(grep -c -E 'LDL|STL' $out/sass_$name.txt)"
+    echo "GMMA: $(grep -oE '[HQ]GMMA\.[0-9x]+\.[A-Z0-9.]+' $out/sass_$name.txt | sort | uniq -c | tr '\n' ' ')  local memory: $(grep -c -E 'LDL|STL' $out/sass_$name.txt)"
     timeout 120 compute-sanitizer --tool memcheck /tmp/probe_$name $small_mode > $out/memcheck.txt 2>&1
     echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|correctness' $out/memcheck.txt | tr '\n' ' ')"
     first=0

@@ -1,13 +1,14 @@
-// indexer_logits on Hopper tensor cores (sm_90a wgmma): bf16 q/keys, H = 64, D = 128.
+// indexer_logits on Hopper tensor cores (sm_90a wgmma): bf16 or fp8 e4m3 q/keys, H = 64, D = 128.
 // 1. A persistent grid (one block per SM) takes equal contiguous runs of (sequence, query tile
 //    of 4 queries (1 at M = 1), key tile of 64) units; a run's q tile stays in shared memory.
 // 2. Two warpgroups take alternate key tiles (own cp.async rings, 128B swizzle) and turns at
-//    issuing wgmma.m64n256k16 (keys x (query, head)), so one's epilogue runs under the other's
-//    products: relu x weight summed in a fixed order, 2 shuffles finish the head sum.
-// 3. Key tiles past the query tile's longest length are not computed, only written -inf.
-// Traffic: keys once per query tile (from L2), logits written once. ~59 % of 800 TFLOP/s at
-// M >= 128 on an H200 (benches/NOTES.md). Limits: IndexerLogitsWgmmaSupports (bf16, H = 64,
-// D = 128, compute capability 9.0, N < 2^25).
+//    issuing wgmma.m64n256 (keys x (query, head)): one's epilogue (relu x weight in a fixed
+//    order, 2 shuffles for the head sum) runs under the other's products. fp8 is widened to
+//    exact f16 in shared memory for f16 wgmma (FP8_NATIVE: e4m3 wgmma). 3. Key tiles past the
+//    tile's longest length are only written -inf. Traffic: keys once per query tile (from L2),
+//    logits written once. ~59 % of 800 TFLOP/s bf16 at M >= 128 on an H200 (benches/NOTES.md).
+// Limits: IndexerLogitsWgmmaSupports (H = 64, D = 128, compute capability 9.0, N < 2^25).
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,22 +39,25 @@ constexpr int kKeysPerTile = 64;  // wgmma's M
 constexpr int kWarpgroups = 2;
 constexpr int kThreadsPerWarpgroup = 128;
 constexpr int kThreads = kWarpgroups * kThreadsPerWarpgroup;
-// A 128B-swizzled K-major operand: 128 B a row (64 bf16 or 128 fp8), 8-row atoms of 1024 B; a
-// bf16 D = 128 is two such parts one after the other, an fp8 one.
+// A 128B-swizzled K-major operand: 128 B a row (64 bf16/f16 or 128 fp8), 8-row atoms of 1024 B;
+// a 16-bit D = 128 is two such parts one after the other, an fp8 one.
 constexpr int kRowBytes = 128;
 constexpr int kAtomBytes = 1024;
 constexpr int kChunkBytes = 16;  // one cp.async
 constexpr int kChunksPerPartRow = kRowBytes / kChunkBytes;
-constexpr int kKStepBytes = 32;  // one wgmma k-step: 16 bf16 or 32 fp8
+constexpr int kKStepBytes = 32;  // one wgmma k-step: 16 bf16/f16 or 32 fp8
 using indexer::Bf16Input;
+using indexer::Fp8AsF16Input;
 using indexer::Fp8E4M3Input;
-// Bytes of one D row and its 16-byte chunks, per input type.
+// Bytes of one D row as an operand and in memory, and their 16-byte chunks, per input type.
 template <typename Input>
 struct RowShape {
-  static constexpr int kBytes = kHeadDim * static_cast<int>(sizeof(typename Input::Bits));
-  static constexpr int kChunks = kBytes / kChunkBytes;  // 16 bf16, 8 fp8
+  static constexpr int kBytes = kHeadDim * Input::kOperandBytes;
+  static constexpr int kChunks = kBytes / kChunkBytes;  // 16 bf16/f16, 8 fp8
   static constexpr int kKeyTileBytes = kKeysPerTile * kBytes;
-  static_assert(Input::kKStep * static_cast<int>(sizeof(typename Input::Bits)) == kKStepBytes);
+  static constexpr int kGlobalBytes = kHeadDim * static_cast<int>(sizeof(typename Input::Bits));
+  static constexpr int kGlobalChunks = kGlobalBytes / kChunkBytes;
+  static_assert(Input::kKStep * Input::kOperandBytes == kKStepBytes);
 };
 // Named barriers: 1 + warpgroup for a warpgroup's own sync; these two order the wgmma turns.
 constexpr int kFirstTurnBarrier = 3;  // warpgroup g waits on kFirstTurnBarrier + g
@@ -77,6 +81,15 @@ constexpr int kEpilogueHeadGroups = JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS;
 #ifndef JAX_TOPK_INDEXER_WGMMA_FP8_CHAIN
 #define JAX_TOPK_INDEXER_WGMMA_FP8_CHAIN 1
 #endif
+// fp8 inputs run e4m3 wgmma (1) or are widened to f16 in shared memory for f16 wgmma (0, the
+// default): the e4m3 tensor cores align a k-step's products to the largest with 14 bits kept
+// (DeepSeek-V3 report, section 3.5.2), so one 448^2 product under 31 smaller ones can lose
+// ~30 * 2^-13 of it, over SPEC's 2e-4 bound whatever the chain; f16 holds every e4m3 exactly.
+#ifndef JAX_TOPK_INDEXER_WGMMA_FP8_NATIVE
+#define JAX_TOPK_INDEXER_WGMMA_FP8_NATIVE 0
+#endif
+using Fp8Input =
+    std::conditional<JAX_TOPK_INDEXER_WGMMA_FP8_NATIVE != 0, Fp8E4M3Input, Fp8AsF16Input>::type;
 constexpr int kFp8ChainSteps = JAX_TOPK_INDEXER_WGMMA_FP8_CHAIN;
 static_assert(kFp8ChainSteps == 1 || kFp8ChainSteps == 2 || kFp8ChainSteps == 4);
 // k-steps a chain, per input type: bf16 chains all 8 (float32 accumulation in the tensor core).
@@ -90,10 +103,14 @@ struct TileShape {
   static constexpr int kCols = kQueriesPerTile * kHeads;  // wgmma's N: (query, head) pairs
   static constexpr int kKeyStages = JAX_TOPK_INDEXER_WGMMA_STAGES;
   static constexpr int kKeyTileBytes = RowShape<Input>::kKeyTileBytes;
+  // A ring stage holds a tile as loaded; a converting input adds the tile's operand after it.
+  static constexpr int kStageBytes = kKeysPerTile * RowShape<Input>::kGlobalBytes;
+  static constexpr int kWarpgroupKeyBytes =
+      kKeyStages * kStageBytes + (Input::kConvert ? kKeyTileBytes : 0);
   static constexpr int kQBytes = kCols * RowShape<Input>::kBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kKeysOffset = kQOffset + kQBytes;
-  static constexpr int kWeightsOffset = kKeysOffset + kWarpgroups * kKeyStages * kKeyTileBytes;
+  static constexpr int kWeightsOffset = kKeysOffset + kWarpgroups * kWarpgroupKeyBytes;
   static constexpr int kStagingOffset = kWeightsOffset + kCols * 4;
   static constexpr int kLengthsOffset =
       kStagingOffset + kWarpgroups * kQueriesPerTile * kKeysPerTile * 4;
@@ -152,6 +169,19 @@ __device__ __forceinline__ float ReluKeepingNan(float x) {
   float relu;
   asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(relu) : "f"(x));
   return relu;
+}
+
+// 16 e4m3 codes (a loaded chunk) -> 16 exact f16 (two operand chunks), NaN kept.
+__device__ __forceinline__ void WidenFp8Chunk(const uint4& codes, uint4 (&halves)[2]) {
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint16_t pair = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out[i]) : "h"(pair));
+  }
+  halves[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  halves[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 // wgmma shared-memory descriptor: K-major, 128B swizzle, 8-row atoms 1024 B apart.
@@ -267,8 +297,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   using Bits = typename Input::Bits;
   constexpr int kCols = Shape::kCols;
   constexpr int kStages = Shape::kKeyStages;
-  constexpr int kKeyTileBytes = Shape::kKeyTileBytes;
-  constexpr int kChunksPerRow = RowShape<Input>::kChunks;
+  constexpr int kStageBytes = Shape::kStageBytes;
+  constexpr int kChunksPerRow = RowShape<Input>::kGlobalChunks;  // as loaded
   constexpr int kElemsPerChunk = kChunkBytes / static_cast<int>(sizeof(Bits));
   extern __shared__ unsigned char shared_raw[];
   unsigned char* shared = reinterpret_cast<unsigned char*>(
@@ -281,7 +311,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   const int thread = threadIdx.x % kThreadsPerWarpgroup;
   const int warp = thread / 32;
   const int lane = thread % 32;
-  unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * kStages * kKeyTileBytes;
+  unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * Shape::kWarpgroupKeyBytes;
+  unsigned char* my_operand = my_stages + kStages * kStageBytes;  // converting inputs only
   float* my_staging = reinterpret_cast<float*>(shared + Shape::kStagingOffset) +
                       warpgroup * kQueriesPerTile * kKeysPerTile;
 
@@ -311,9 +342,17 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       const int row = i / kChunksPerRow;
       const int chunk = i % kChunksPerRow;
       const bool inside = first_query + row / kHeads < args.queries;
-      const void* src = inside ? q_rows + row * kHeadDim + chunk * kElemsPerChunk : args.q;
-      CopyChunkAsync(SharedAddress(q_tile + SwizzledOffset(row, chunk, kCols)), src,
-                     inside ? 16 : 0);
+      const Bits* src = q_rows + row * kHeadDim + chunk * kElemsPerChunk;
+      if constexpr (Input::kConvert) {  // loaded, widened and stored here (once a run)
+        uint4 halves[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (inside) WidenFp8Chunk(*reinterpret_cast<const uint4*>(src), halves);
+        for (int h = 0; h < 2; ++h) {
+          *reinterpret_cast<uint4*>(q_tile + SwizzledOffset(row, 2 * chunk + h, kCols)) = halves[h];
+        }
+      } else {
+        CopyChunkAsync(SharedAddress(q_tile + SwizzledOffset(row, chunk, kCols)),
+                       inside ? static_cast<const void*>(src) : args.q, inside ? 16 : 0);
+      }
     }
     CommitCopies();
     for (int i = threadIdx.x; i < kCols; i += kThreads) {
@@ -356,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     const int turns = (visible_end_tile - first_tile + 1) / kWarpgroups;
     auto load_tile = [&](int index) {
       const int first_key = (first_tile + warpgroup + kWarpgroups * index) * kKeysPerTile;
-      unsigned char* stage = my_stages + (index % kStages) * kKeyTileBytes;
+      unsigned char* stage = my_stages + (index % kStages) * kStageBytes;
 #pragma unroll
       for (int j = 0; j < kKeysPerTile * kChunksPerRow / kThreadsPerWarpgroup; ++j) {
         const int i = thread + j * kThreadsPerWarpgroup;
@@ -367,8 +406,10 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
                               ? sequence_keys + static_cast<int64_t>(first_key + row) * kHeadDim +
                                     chunk * kElemsPerChunk
                               : args.keys;
-        CopyChunkAsync(SharedAddress(stage + SwizzledOffset(row, chunk, kKeysPerTile)), src,
-                       inside ? 16 : 0);
+        // A converting input's stage is row-major as loaded; the operand is swizzled.
+        const uint32_t offset =
+            Input::kConvert ? i * kChunkBytes : SwizzledOffset(row, chunk, kKeysPerTile);
+        CopyChunkAsync(SharedAddress(stage + offset), src, inside ? 16 : 0);
       }
     };
 #pragma unroll
@@ -389,8 +430,26 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       if (index + kStages - 1 < my_tiles) load_tile(index + kStages - 1);
       CommitCopies();
 
+      unsigned char* stage = my_stages + (index % kStages) * kStageBytes;
+      if constexpr (Input::kConvert) {
+        // The previous tile's wgmma is done (waited before its epilogue): widen into the
+        // operand, then make every thread's stores visible to the tensor cores.
+#pragma unroll
+        for (int j = 0; j < kKeysPerTile * kChunksPerRow / kThreadsPerWarpgroup; ++j) {
+          const int i = thread + j * kThreadsPerWarpgroup;
+          uint4 halves[2];
+          WidenFp8Chunk(reinterpret_cast<const uint4*>(stage)[i], halves);
+          for (int h = 0; h < 2; ++h) {
+            *reinterpret_cast<uint4*>(my_operand + SwizzledOffset(i / kChunksPerRow,
+                                                                  2 * (i % kChunksPerRow) + h,
+                                                                  kKeysPerTile)) = halves[h];
+          }
+        }
+        FenceForTensorCores();
+        WarpgroupBarrier(warpgroup);
+      }
       const uint64_t desc_keys =
-          SwizzledOperandDescriptor(SharedAddress(my_stages + (index % kStages) * kKeyTileBytes));
+          SwizzledOperandDescriptor(SharedAddress(Input::kConvert ? my_operand : stage));
       products.Compute(acc, warpgroup, desc_keys, desc_q);
 
       // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
@@ -545,7 +604,7 @@ cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t
   if (status != cudaSuccess) return status;
   if (!IndexerLogitsWgmmaSupports(problem, device)) return cudaErrorInvalidValue;
   return problem.input == IndexerInput::kFloat8E4M3
-             ? LaunchForInput<Fp8E4M3Input>(problem, device, stream)
+             ? LaunchForInput<Fp8Input>(problem, device, stream)
              : LaunchForInput<Bf16Input>(problem, device, stream);
 }
 

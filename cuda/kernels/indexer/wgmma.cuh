@@ -1,6 +1,6 @@
 // wgmma.mma_async m64nNkK into f32 accumulators, both operands K-major in shared memory
-// (sm_90a only): bf16 x bf16 (k16) and e4m3 x e4m3 (k32). PTX takes the accumulators as N/2
-// separate registers, so one macro an N writes the operand list out and each input type names
+// (sm_90a only): bf16 x bf16 and f16 x f16 (k16), e4m3 x e4m3 (k32). PTX takes the accumulators as
+// N/2 separate registers, so one macro an N writes the operand list out and each input type names
 // its instruction. `accumulate` = 0 overwrites the accumulators (the first k-step of a chain).
 #pragma once
 
@@ -9,14 +9,25 @@
 namespace jax_topk {
 namespace indexer {
 
-// The two element types the kernel takes (q and keys share one).
+// How the kernel takes its input type (q and keys share one): `Bits` in memory, operands of
+// kOperandBytes in shared memory (kConvert: fp8 codes widened to exact f16 on the way in).
 struct Bf16Input {
   using Bits = uint16_t;
+  static constexpr int kOperandBytes = 2;
   static constexpr int kKStep = 16;  // wgmma's K
+  static constexpr bool kConvert = false;
 };
-struct Fp8E4M3Input {
+struct Fp8E4M3Input {  // e4m3 wgmma: twice the rate, 14-bit aligned sums (below)
   using Bits = uint8_t;
+  static constexpr int kOperandBytes = 1;
   static constexpr int kKStep = 32;
+  static constexpr bool kConvert = false;
+};
+struct Fp8AsF16Input {  // e4m3 widened to f16 (exact, NaN kept): bf16's rate and accuracy
+  using Bits = uint8_t;
+  static constexpr int kOperandBytes = 2;
+  static constexpr int kKStep = 16;
+  static constexpr bool kConvert = true;
 };
 
 template <typename Input, int kCols>
@@ -141,6 +152,24 @@ template <>
 __device__ __forceinline__ void Wgmma<Fp8E4M3Input, 256>(float (&acc)[128], uint64_t desc_a,
                                                          uint64_t desc_b, int accumulate) {
   JAX_TOPK_WGMMA_BODY(256, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3", "");
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<Fp8AsF16Input, 64>(float (&acc)[32], uint64_t desc_a,
+                                                         uint64_t desc_b, int accumulate) {
+  JAX_TOPK_WGMMA_BODY(64, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", ", 0, 0");
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<Fp8AsF16Input, 128>(float (&acc)[64], uint64_t desc_a,
+                                                          uint64_t desc_b, int accumulate) {
+  JAX_TOPK_WGMMA_BODY(128, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", ", 0, 0");
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<Fp8AsF16Input, 256>(float (&acc)[128], uint64_t desc_a,
+                                                          uint64_t desc_b, int accumulate) {
+  JAX_TOPK_WGMMA_BODY(256, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", ", 0, 0");
 }
 
 #undef JAX_TOPK_WGMMA_BODY
