@@ -293,3 +293,27 @@ def test_gpu_logits_agree_with_cpu_within_bound(dtype):
     np.testing.assert_array_equal(np.isfinite(gpu), finite)
     assert (np.abs(gpu[finite] - cpu[finite]) <= 2 * TOLERANCE[dtype] * scale[finite]).all()
     _assert_topk_matches("gpu", q, keys, weights, lengths, k=2048, key_scales=key_scales)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_swamped_k_steps_within_bound():
+    """fp8 at H = 64, D = 128 (the Hopper tensor-core kernel where it applies): each 32-wide
+    k-step holds one 448 x 448 product and 31 of 5.5 x 5.5, the large ones cancelling across
+    k-steps for even keys. e4m3 tensor cores keep 14 bits aligned to a k-step's largest
+    product and would lose ~30 * 2^-13 of it, over the bound; the kernel must not."""
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    queries, heads, head_dim, n = 5, 64, 128, 300
+    d = np.arange(head_dim)
+    q_row = np.where(d % 32 == 0, 448.0, 5.5)
+    q = np.broadcast_to(q_row, (queries, heads, head_dim)).astype(FP8)
+    s = np.arange(n)[:, None]
+    sign = np.where((s % 2 == 0) & ((d[None, :] // 32) % 2 == 1), -1.0, 1.0)
+    small = np.where(s % 3 == 0, -5.5, 5.5)
+    keys = np.where(d[None, :] % 32 == 0, sign * 448.0, small).astype(FP8)
+    weights = np.random.default_rng(5).uniform(-1.0, 1.0, (queries, heads)).astype(np.float32)
+    got = run(jax_topk.indexer_logits, "gpu", q, keys, weights)
+    want, scale = reference_logits(q, keys, weights)
+    assert (np.abs(got.astype(np.float64) - want) <= TOLERANCE[FP8] * scale).all()
