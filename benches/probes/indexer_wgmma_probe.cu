@@ -166,8 +166,9 @@ HostData Make(int64_t batch, int64_t m, int64_t n, Values values, Lengths length
     if (values == kAllNegative) x = -std::fabs(x);
     Store(fp8, d.key_bits, d.keys, i, x);
   }
-  if (values == kSpecials) {  // NaN codes, zero rows, max normals
-    for (int64_t r = 0; r < batch * m * H; r += 37) StoreBits(d.q_bits, d.q, r * D + r % D, 0x7F);
+  if (values == kSpecials) {                                // NaN codes, zero rows, max normals
+    for (int64_t query = 1; query < batch * m; query += 4)  // one NaN head a 4th query
+      StoreBits(d.q_bits, d.q, (query * H + 3) * D + 7, 0x7F);
     for (int64_t s = 0; s < batch * n; s += 29) StoreBits(d.key_bits, d.keys, s * D + 5, 0xFF);
     for (int64_t r = 11; r < batch * m * H; r += 41)
       for (int k = 0; k < D; ++k) StoreBits(d.q_bits, d.q, r * D + k, k % 2 ? 0x80 : 0x00);
