@@ -438,6 +438,33 @@ void TimeFp8AgainstBf16(FILE* log) {
   if (log) std::fputs(table, log);
 }
 
+// The bf16 checks (tol 2e-5); returns failures.
+int64_t CheckBf16(bool small) {
+  int64_t fails = 0;
+  fails += Check("random 37x1000 adversarial L", Make(1, 37, 1000, kRandom, kAdversarial, false, 1),
+                 true, 1);
+  fails +=
+      Check("random 37x1000 scales", Make(1, 37, 1000, kRandom, kAdversarial, true, 2), true, 1);
+  fails += Check("all negative 13x777", Make(1, 13, 777, kAllNegative, kNone, false, 3), true, 1);
+  fails += Check("zero heads, repeated keys 9x300",
+                 Make(1, 9, 300, kZeroHeadsRepeatedKeys, kAdversarial, false, 4), true, 1);
+  fails += Check("large 6x513", Make(1, 6, 513, kLarge, kNone, true, 5), true, 1);
+  fails += Check("M=1 N=5000", Make(1, 1, 5000, kRandom, kNone, false, 6), true, 1);
+  fails +=
+      Check("M=1 N=64 L adversarial b=5", Make(5, 1, 64, kRandom, kAdversarial, false, 7), true, 1);
+  fails += Check("M=2 N=65", Make(1, 2, 65, kRandom, kAdversarial, true, 8), true, 1);
+  fails += Check("M=3 N=1", Make(1, 3, 1, kRandom, kNone, false, 9), true, 1);
+  fails += Check("batch 3, 5x200", Make(3, 5, 200, kRandom, kAdversarial, false, 10), true, 1);
+  fails += Check("causal 130x4100", Make(1, 130, 4100, kRandom, kCausal, false, 11), true, 3);
+  if (!small) {
+    fails += Check("M=1 N=131072 (rows sampled)", Make(1, 1, 131072, kRandom, kNone, false, 12),
+                   true, 7);
+    fails += Check("causal 2048x32768 (sampled)", Make(1, 2048, 32768, kRandom, kCausal, false, 13),
+                   false, 97);
+  }
+  return fails;
+}
+
 // float8_e4m3fn checks (tol 2e-4): the bf16 list's cases, fp8 codes and scales; returns failures.
 int64_t CheckFp8(bool small) {
   int64_t fails = 0;
@@ -480,12 +507,13 @@ int64_t CheckFp8(bool small) {
 int main(int argc, char** argv) {
   int64_t fails = 0;
   // "time": timings only; "small": small checks only; "shape M N": one shape's timing;
-  // "fp8": fp8 checks, then fp8 against bf16 timings; "fp8small": the small fp8 checks.
+  // "fp8": bf16's small and all fp8 checks, then fp8 against bf16 timings; "fp8small": the
+  // small checks of both.
   const char* mode = argc > 1 ? argv[1] : "";
   const bool timing_only = std::strcmp(mode, "time") == 0, small = std::strcmp(mode, "small") == 0;
   if (std::strcmp(mode, "fp8") == 0 || std::strcmp(mode, "fp8small") == 0) {
     const bool fp8_small = std::strcmp(mode, "fp8small") == 0;
-    fails = CheckFp8(fp8_small);
+    fails = CheckBf16(true) + CheckFp8(fp8_small);  // bf16's small cases: the shared template
     std::printf("correctness: %s\n", fails == 0 ? "PASS" : "FAIL");
     if (!fp8_small) {
       FILE* log = nullptr;
@@ -501,27 +529,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!timing_only) {
-    fails += Check("random 37x1000 adversarial L",
-                   Make(1, 37, 1000, kRandom, kAdversarial, false, 1), true, 1);
-    fails +=
-        Check("random 37x1000 scales", Make(1, 37, 1000, kRandom, kAdversarial, true, 2), true, 1);
-    fails += Check("all negative 13x777", Make(1, 13, 777, kAllNegative, kNone, false, 3), true, 1);
-    fails += Check("zero heads, repeated keys 9x300",
-                   Make(1, 9, 300, kZeroHeadsRepeatedKeys, kAdversarial, false, 4), true, 1);
-    fails += Check("large 6x513", Make(1, 6, 513, kLarge, kNone, true, 5), true, 1);
-    fails += Check("M=1 N=5000", Make(1, 1, 5000, kRandom, kNone, false, 6), true, 1);
-    fails += Check("M=1 N=64 L adversarial b=5", Make(5, 1, 64, kRandom, kAdversarial, false, 7),
-                   true, 1);
-    fails += Check("M=2 N=65", Make(1, 2, 65, kRandom, kAdversarial, true, 8), true, 1);
-    fails += Check("M=3 N=1", Make(1, 3, 1, kRandom, kNone, false, 9), true, 1);
-    fails += Check("batch 3, 5x200", Make(3, 5, 200, kRandom, kAdversarial, false, 10), true, 1);
-    fails += Check("causal 130x4100", Make(1, 130, 4100, kRandom, kCausal, false, 11), true, 3);
-    if (!small) {
-      fails += Check("M=1 N=131072 (rows sampled)", Make(1, 1, 131072, kRandom, kNone, false, 12),
-                     true, 7);
-      fails += Check("causal 2048x32768 (sampled)",
-                     Make(1, 2048, 32768, kRandom, kCausal, false, 13), false, 97);
-    }
+    fails += CheckBf16(small);
     std::printf("correctness: %s\n", fails == 0 ? "PASS" : "FAIL");
     if (small) return fails == 0 ? 0 : 1;
   }
