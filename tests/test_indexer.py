@@ -92,6 +92,27 @@ def test_num_valid_rows(backend, valid):
     assert (got[int(np.clip(valid, 0, 12)) :] == -1).all()
 
 
+@pytest.mark.parametrize("queries,valid", [(1, None), (1, 0), (2, 1), (3, None)])
+def test_few_long_rows(backend, queries, valid):
+    """Fewer rows than the host's threads: the CPU spreads spans of keys over the cores."""
+    rng = np.random.default_rng(11)
+    n = 5000  # several spans of keys, the last one partial
+    q, keys, weights = make_inputs(rng, queries, HEADS, HEAD_DIM, n, dtype=FP8)
+    key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32)
+    lengths = np.array([n, 3000, 1023][:queries], np.int32)
+    valid_rows = None if valid is None else np.int32(valid)
+    kwargs = dict(key_scales=key_scales)
+    got = _assert_topk_matches(
+        backend, q, keys, weights, lengths, k=2048, num_valid_rows=valid_rows, **kwargs
+    )
+    if valid is not None:
+        assert (got[valid:] == -1).all()
+    if backend == "cpu":
+        logits = run(jax_topk.indexer_logits, backend, q, keys, weights, lengths=lengths, **kwargs)
+        want = ordered_logits(q, keys, weights, lengths, key_scales)
+        np.testing.assert_array_equal(logits.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_page_transform(backend, page_size):
     rng = np.random.default_rng(page_size)

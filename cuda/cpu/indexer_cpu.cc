@@ -147,31 +147,33 @@ void AddLastHeads(int64_t count, const float* q_heads, int64_t d_count, const fl
   }
 }
 
-// Row `row` (= b * M + t) of the logits into `logits` [N]: per key block, the heads in
-// passes of kHeadsPerPass (the sums over h still in order, from 0).
-void LogitsRow(const IndexerProblem& p, const BlockedKeys& keys, int64_t row,
-               IndexerScratch& scratch, float* logits) {
+// Keys [first_key, end_key) of row `row` (= b * M + t) of the logits into `logits` [N] (the
+// row; first_key a multiple of kKeysPerBlock): per key block, the heads in passes of
+// kHeadsPerPass (the sums over h still in order, from 0); -inf from the row's length on.
+void LogitsSpan(const IndexerProblem& p, const BlockedKeys& keys, int64_t row, int64_t first_key,
+                int64_t end_key, IndexerScratch& scratch, float* logits) {
   const int64_t n = p.keys_count, heads = p.heads, d_count = p.head_dim;
   const int64_t b = row / p.queries;
   const int64_t length = p.lengths == nullptr ? n : ClampLength(p.lengths[row], n);
-  scratch.q_row.resize(static_cast<size_t>(heads * d_count));
-  for (int64_t i = 0; i < heads * d_count; ++i)
-    scratch.q_row[i] = InputAt(p, p.q, row * heads * d_count + i);
+  const int64_t scored_end = std::min(end_key, length);
+  if (first_key < scored_end) {
+    scratch.q_row.resize(static_cast<size_t>(heads * d_count));
+    for (int64_t i = 0; i < heads * d_count; ++i)
+      scratch.q_row[i] = InputAt(p, p.q, row * heads * d_count + i);
+  }
   const float* weights = p.weights + row * heads;
-  const int64_t blocks = (length + kKeysPerBlock - 1) / kKeysPerBlock;
-  for (int64_t block = 0; block < blocks; ++block) {
-    const int64_t first_key = block * kKeysPerBlock;
-    const int64_t keys_here = std::min(kKeysPerBlock, length - first_key);
+  for (int64_t block_key = first_key; block_key < scored_end; block_key += kKeysPerBlock) {
+    const int64_t keys_here = std::min(kKeysPerBlock, scored_end - block_key);
     Lanes scales_storage[kVectorsPerBlock] = {};
     const Lanes* scales = nullptr;
     if (p.key_scales != nullptr) {
       float padded[kKeysPerBlock] = {};
-      std::memcpy(padded, p.key_scales + b * n + first_key, keys_here * sizeof(float));
+      std::memcpy(padded, p.key_scales + b * n + block_key, keys_here * sizeof(float));
       for (int64_t v = 0; v < kVectorsPerBlock; ++v)
         scales_storage[v] = LoadLanes(padded + v * kLanes);
       scales = scales_storage;
     }
-    const float* key_block = keys.Block(p, b, block);
+    const float* key_block = keys.Block(p, b, block_key / kKeysPerBlock);
     Lanes sums[kVectorsPerBlock];
     for (int64_t v = 0; v < kVectorsPerBlock; ++v) sums[v] = Splat(0.0f);
     int64_t h = 0;
@@ -182,34 +184,84 @@ void LogitsRow(const IndexerProblem& p, const BlockedKeys& keys, int64_t row,
                                     key_block, weights + h, scales, sums);
     float block_logits[kKeysPerBlock];
     std::memcpy(block_logits, sums, sizeof(block_logits));
-    std::memcpy(logits + first_key, block_logits, keys_here * sizeof(float));
+    std::memcpy(logits + block_key, block_logits, keys_here * sizeof(float));
   }
-  std::fill(logits + length, logits + n, -std::numeric_limits<float>::infinity());
+  std::fill(logits + std::max(first_key, scored_end), logits + end_key,
+            -std::numeric_limits<float>::infinity());
+}
+
+// The work items of a call: spans of kKeysPerSpan keys of rows [0, rows), row-major, so that
+// a few long rows still spread over every core.
+constexpr int64_t kKeysPerSpan = 1024;  // a multiple of kKeysPerBlock
+
+struct Spans {
+  int64_t per_row = 0;
+  int64_t count = 0;
+};
+
+Spans SpansOf(const IndexerProblem& p, int64_t rows) {
+  Spans spans;
+  spans.per_row = (p.keys_count + kKeysPerSpan - 1) / kKeysPerSpan;
+  spans.count = rows * spans.per_row;
+  return spans;
+}
+
+// Span `span` of `spans` into logits [rows, N]; invalid rows (num_valid_rows) are skipped.
+void LogitsOfSpans(const IndexerProblem& p, const BlockedKeys& keys, const Spans& spans,
+                   const TopkProblem* selection, IndexerScratch& scratch, int64_t first,
+                   int64_t end, float* logits) {
+  for (int64_t span = first; span < end; ++span) {
+    const int64_t row = span / spans.per_row;
+    if (selection != nullptr &&
+        !RowIsValid(row, selection->num_valid_rows, selection->rows_per_group))
+      continue;
+    const int64_t first_key = (span % spans.per_row) * kKeysPerSpan;
+    LogitsSpan(p, keys, row, first_key, std::min(first_key + kKeysPerSpan, p.keys_count), scratch,
+               logits + row * p.keys_count);
+  }
 }
 
 }  // namespace
 
 void IndexerLogitsCpu(const IndexerProblem& p, const ScheduleTask& schedule, int64_t pool_threads) {
   const BlockedKeys keys = DecodedKeys(p, schedule, pool_threads);
-  ParallelRows<IndexerScratch>(p.batch * p.queries, p.keys_count * p.heads * p.head_dim, schedule,
-                               pool_threads,
-                               [&](IndexerScratch& scratch, int64_t first, int64_t end) {
-                                 for (int64_t row = first; row < end; ++row)
-                                   LogitsRow(p, keys, row, scratch, p.logits + row * p.keys_count);
-                               });
+  const Spans spans = SpansOf(p, p.batch * p.queries);
+  ParallelRows<IndexerScratch>(
+      spans.count, kKeysPerSpan * p.heads * p.head_dim, schedule, pool_threads,
+      [&](IndexerScratch& scratch, int64_t first, int64_t end) {
+        LogitsOfSpans(p, keys, spans, nullptr, scratch, first, end, p.logits);
+      });
 }
 
 void IndexerTopkCpu(const IndexerProblem& p, const TopkProblem& selection,
                     const ScheduleTask& schedule, int64_t pool_threads) {
   const BlockedKeys keys = DecodedKeys(p, schedule, pool_threads);
+  const int64_t rows = p.batch * p.queries, n = p.keys_count;
+  if (rows <= pool_threads) {
+    // Fewer rows than threads: their logits into a buffer of those rows, spread over the
+    // cores by spans of keys, then each row's selection from it.
+    std::vector<float> logits(static_cast<size_t>(rows * n));
+    const Spans spans = SpansOf(p, rows);
+    ParallelRows<IndexerScratch>(
+        spans.count, kKeysPerSpan * p.heads * p.head_dim, schedule, pool_threads,
+        [&](IndexerScratch& scratch, int64_t first, int64_t end) {
+          LogitsOfSpans(p, keys, spans, &selection, scratch, first, end, logits.data());
+        });
+    ParallelRows<IndexerScratch>(
+        rows, n, schedule, pool_threads, [&](IndexerScratch& scratch, int64_t first, int64_t end) {
+          for (int64_t row = first; row < end; ++row)
+            TopkCpuFloat32Row(selection, row, logits.data() + row * n, scratch.selection);
+        });
+    return;
+  }
   ParallelRows<IndexerScratch>(
-      p.batch * p.queries, p.keys_count * p.heads * p.head_dim, schedule, pool_threads,
+      rows, n * p.heads * p.head_dim, schedule, pool_threads,
       [&](IndexerScratch& scratch, int64_t first, int64_t end) {
-        scratch.logits.resize(static_cast<size_t>(p.keys_count));
+        scratch.logits.resize(static_cast<size_t>(n));
         for (int64_t row = first; row < end; ++row) {
           // An invalid row (num_valid_rows) is all -1 and its logits are never computed.
           if (RowIsValid(row, selection.num_valid_rows, selection.rows_per_group))
-            LogitsRow(p, keys, row, scratch, scratch.logits.data());
+            LogitsSpan(p, keys, row, 0, n, scratch, scratch.logits.data());
           TopkCpuFloat32Row(selection, row, scratch.logits.data(), scratch.selection);
         }
       });
