@@ -5,11 +5,12 @@
 //      (float32; a product of two bfloat16 or float8 values is exact in float32), scaled by
 //      key_scales[s], relu, and logits[s] += weights[t,h] * relu (from logits[s] = 0);
 //   2. logits[s] = -inf for s >= L.
-// Vectorised across keys only (the lanes hold different s; kHeadsPerPass heads share each
-// key load and stay in registers), so every element's additions are in the order above:
-// the same bits every run, whatever the thread count. Built without FMA contraction
-// (CMakeLists.txt). Rows are spread over the host's cores; indexer_topk selects from a row
-// buffer as topk_filtered does.
+// Vectorised across keys only (the lanes hold different s; 4 or 8 heads share each key
+// load, their dots in registers): 4 lanes everywhere, 8 (AVX2, no FMA) where the CPU has them,
+// picked at run time and giving the same bits. Every element's additions are in the order
+// above: the same bits every run, whatever the thread count. Built without FMA contraction
+// (CMakeLists.txt). Spans of keys of the rows are spread over the host's cores; indexer_topk
+// selects from a row buffer as topk_filtered does.
 #include "cpu/indexer_cpu.h"
 
 #include <algorithm>
@@ -37,23 +38,7 @@ float InputAt(const IndexerProblem& p, const void* data, int64_t index) {
   return FloatOfBits(Float32BitsOfFp8E4M3(static_cast<const uint8_t*>(data)[index]));
 }
 
-// Four float32 lanes (SSE2 on x86-64, NEON on arm64): the compiler's generic vectors, whose
-// + and * are the IEEE float32 operations lane by lane, exactly as on scalars.
-using Lanes = float __attribute__((vector_size(16)));
-constexpr int64_t kLanes = 4;
-constexpr int64_t kVectorsPerBlock = 2;
-constexpr int64_t kKeysPerBlock = kLanes * kVectorsPerBlock;  // keys scored side by side
-constexpr int64_t kHeadsPerPass = 4;  // heads whose dots share each load of a key block
-
-Lanes LoadLanes(const float* from) {
-  Lanes lanes;
-  std::memcpy(&lanes, from, sizeof(lanes));
-  return lanes;
-}
-
-Lanes Splat(float value) {
-  return Lanes{value, value, value, value};
-}
+constexpr int64_t kKeysPerBlock = 8;  // keys scored side by side, in vector lanes
 
 // Every sequence's keys as float32 in blocks of kKeysPerBlock keys, each block [D,
 // kKeysPerBlock] (key-minor): [batch, blocks, D, kKeysPerBlock], the last block zero-padded.
@@ -94,57 +79,129 @@ struct IndexerScratch {
   TopkRowScratch selection;
 };
 
+// How one key block is scored: the compiler's generic vectors of float32 lanes (their + and *
+// are the IEEE float32 operations lane by lane, as on scalars), kVectors of them per block,
+// and kHeads heads whose dots share each load of the block.
+template <typename LanesType, int64_t kVectorsPerBlock, int64_t kHeadsPerPass>
+struct BlockShape {
+  using Lanes = LanesType;
+  static constexpr int64_t kLanes = sizeof(Lanes) / sizeof(float);
+  static constexpr int64_t kVectors = kVectorsPerBlock;
+  static constexpr int64_t kHeads = kHeadsPerPass;
+  static_assert(kLanes * kVectors == kKeysPerBlock);
+};
+// 4 lanes (SSE2 on x86-64, NEON on arm64), 2 vectors, 4 heads: 8 dot vectors in registers.
+using FourLanes = BlockShape<float __attribute__((vector_size(16))), 2, 4>;
+// 8 lanes (AVX2, x86-64 only, picked at run time), 1 vector, 8 heads.
+using EightLanes = BlockShape<float __attribute__((vector_size(32))), 1, 8>;
+
+#define JAX_TOPK_INLINE inline __attribute__((always_inline))
+
+// Lanes from memory (by reference: an 8-lane value must not cross a default-target ABI).
+template <typename Lanes>
+JAX_TOPK_INLINE void Load(Lanes& lanes, const float* from) {
+  std::memcpy(&lanes, from, sizeof(lanes));
+}
+
 // The dots of heads [0, kHeads) of q_heads ([kHeads, D]) with one key block: each lane's sum
 // over d in order from 0, exactly the scalar loop's, kHeads * kKeysPerBlock of them at once.
-template <int64_t kHeads>
-void BlockDots(const float* q_heads, int64_t d_count, const float* block,
-               Lanes (&dots)[kHeads][kVectorsPerBlock]) {
+template <typename Shape, int64_t kHeads>
+JAX_TOPK_INLINE void BlockDots(const float* q_heads, int64_t d_count, const float* block,
+                               typename Shape::Lanes (&dots)[kHeads][Shape::kVectors]) {
+  using Lanes = typename Shape::Lanes;
   for (int64_t h = 0; h < kHeads; ++h)
-    for (int64_t v = 0; v < kVectorsPerBlock; ++v) dots[h][v] = Splat(0.0f);
+    for (int64_t v = 0; v < Shape::kVectors; ++v) dots[h][v] = Lanes{};  // +0
   for (int64_t d = 0; d < d_count; ++d) {
-    Lanes key[kVectorsPerBlock];
-    for (int64_t v = 0; v < kVectorsPerBlock; ++v)
-      key[v] = LoadLanes(block + d * kKeysPerBlock + v * kLanes);
+    Lanes key[Shape::kVectors];
+    for (int64_t v = 0; v < Shape::kVectors; ++v)
+      Load(key[v], block + d * kKeysPerBlock + v * Shape::kLanes);
     for (int64_t h = 0; h < kHeads; ++h) {
-      const Lanes q_value = Splat(q_heads[h * d_count + d]);
-      for (int64_t v = 0; v < kVectorsPerBlock; ++v) dots[h][v] += q_value * key[v];
+      // A scalar operand is broadcast to every lane (a copy, no arithmetic).
+      const float q_value = q_heads[h * d_count + d];
+      for (int64_t v = 0; v < Shape::kVectors; ++v) dots[h][v] += q_value * key[v];
     }
   }
 }
 
 // logits += weights[h] * relu(dots[h] * scales) for heads h of this pass, in order.
-template <int64_t kHeads>
-void AddHeads(const Lanes (&dots)[kHeads][kVectorsPerBlock], const float* weights,
-              const Lanes* scales, Lanes (&logits)[kVectorsPerBlock]) {
+template <typename Shape, int64_t kHeads>
+JAX_TOPK_INLINE void AddHeads(const typename Shape::Lanes (&dots)[kHeads][Shape::kVectors],
+                              const float* weights, const float* scales,
+                              typename Shape::Lanes (&logits)[Shape::kVectors]) {
+  using Lanes = typename Shape::Lanes;
   for (int64_t h = 0; h < kHeads; ++h) {
-    const Lanes weight = Splat(weights[h]);
-    for (int64_t v = 0; v < kVectorsPerBlock; ++v) {
-      const Lanes scaled = scales == nullptr ? dots[h][v] : dots[h][v] * scales[v];
+    const float weight = weights[h];
+    for (int64_t v = 0; v < Shape::kVectors; ++v) {
+      Lanes scaled = dots[h][v];
+      if (scales != nullptr) {
+        Lanes scale;
+        Load(scale, scales + v * Shape::kLanes);
+        scaled = dots[h][v] * scale;
+      }
       // std::max(scaled, 0.0f) lane by lane: a NaN stays NaN (as in JAX), -0 stays -0.
-      const Lanes relu = scaled < Splat(0.0f) ? Splat(0.0f) : scaled;
+      const Lanes relu = scaled < 0.0f ? Lanes{} : scaled;
       logits[v] += weight * relu;
     }
   }
 }
 
-template <int64_t kHeads>
-void AddHeadPass(const float* q_heads, int64_t d_count, const float* block, const float* weights,
-                 const Lanes* scales, Lanes (&logits)[kVectorsPerBlock]) {
-  Lanes dots[kHeads][kVectorsPerBlock];
-  BlockDots<kHeads>(q_heads, d_count, block, dots);
-  AddHeads<kHeads>(dots, weights, scales, logits);
+// One pass over heads [0, kHeads) (kHeads of them; the last pass of a row may hold fewer
+// than Shape::kHeads: `count` picks its instance).
+template <typename Shape, int64_t kHeads>
+JAX_TOPK_INLINE void AddHeadPass(int64_t count, const float* q_heads, int64_t d_count,
+                                 const float* block, const float* weights, const float* scales,
+                                 typename Shape::Lanes (&logits)[Shape::kVectors]) {
+  if constexpr (kHeads > 0) {
+    if (count == kHeads) {
+      typename Shape::Lanes dots[kHeads][Shape::kVectors];
+      BlockDots<Shape, kHeads>(q_heads, d_count, block, dots);
+      AddHeads<Shape, kHeads>(dots, weights, scales, logits);
+    } else {
+      AddHeadPass<Shape, kHeads - 1>(count, q_heads, d_count, block, weights, scales, logits);
+    }
+  }
 }
 
-// The last `count` (< kHeadsPerPass) heads: one pass of exactly that many.
-template <int64_t kHeads>
-void AddLastHeads(int64_t count, const float* q_heads, int64_t d_count, const float* block,
-                  const float* weights, const Lanes* scales, Lanes (&logits)[kVectorsPerBlock]) {
-  if constexpr (kHeads > 0) {
-    if (count == kHeads)
-      AddHeadPass<kHeads>(q_heads, d_count, block, weights, scales, logits);
-    else
-      AddLastHeads<kHeads - 1>(count, q_heads, d_count, block, weights, scales, logits);
-  }
+// The kKeysPerBlock logits of one key block ([D, kKeysPerBlock]) into `out`: the heads in
+// passes of Shape::kHeads, so the sums over h stay in order, from 0. `scales` is the block's
+// kKeysPerBlock key scales, or nullptr.
+template <typename Shape>
+JAX_TOPK_INLINE void ScoreBlockOf(const float* q_row, int64_t heads, int64_t d_count,
+                                  const float* block, const float* weights, const float* scales,
+                                  float* out) {
+  typename Shape::Lanes sums[Shape::kVectors];
+  for (int64_t v = 0; v < Shape::kVectors; ++v) sums[v] = typename Shape::Lanes{};  // +0
+  for (int64_t h = 0; h < heads; h += Shape::kHeads)
+    AddHeadPass<Shape, Shape::kHeads>(std::min(Shape::kHeads, heads - h), q_row + h * d_count,
+                                      d_count, block, weights + h, scales, sums);
+  std::memcpy(out, sums, sizeof(sums));
+}
+
+using ScoreBlock = void (*)(const float* q_row, int64_t heads, int64_t d_count, const float* block,
+                            const float* weights, const float* scales, float* out);
+
+void ScoreBlockFourLanes(const float* q_row, int64_t heads, int64_t d_count, const float* block,
+                         const float* weights, const float* scales, float* out) {
+  ScoreBlockOf<FourLanes>(q_row, heads, d_count, block, weights, scales, out);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The same code compiled for AVX2 (not FMA: the file is built with -ffp-contract=off and
+// the target enables no fused multiply-add), run only where the CPU and the OS support it.
+__attribute__((target("avx2"))) void ScoreBlockEightLanes(const float* q_row, int64_t heads,
+                                                          int64_t d_count, const float* block,
+                                                          const float* weights, const float* scales,
+                                                          float* out) {
+  ScoreBlockOf<EightLanes>(q_row, heads, d_count, block, weights, scales, out);
+}
+#endif
+
+// The widest block scorer this CPU runs: every one gives the same bits.
+ScoreBlock BlockScorer() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx2")) return ScoreBlockEightLanes;
+#endif
+  return ScoreBlockFourLanes;
 }
 
 // Keys [first_key, end_key) of row `row` (= b * M + t) of the logits into `logits` [N] (the
@@ -162,28 +219,18 @@ void LogitsSpan(const IndexerProblem& p, const BlockedKeys& keys, int64_t row, i
       scratch.q_row[i] = InputAt(p, p.q, row * heads * d_count + i);
   }
   const float* weights = p.weights + row * heads;
+  const ScoreBlock score_block = BlockScorer();
   for (int64_t block_key = first_key; block_key < scored_end; block_key += kKeysPerBlock) {
     const int64_t keys_here = std::min(kKeysPerBlock, scored_end - block_key);
-    Lanes scales_storage[kVectorsPerBlock] = {};
-    const Lanes* scales = nullptr;
+    float padded_scales[kKeysPerBlock] = {};
+    const float* scales = nullptr;
     if (p.key_scales != nullptr) {
-      float padded[kKeysPerBlock] = {};
-      std::memcpy(padded, p.key_scales + b * n + block_key, keys_here * sizeof(float));
-      for (int64_t v = 0; v < kVectorsPerBlock; ++v)
-        scales_storage[v] = LoadLanes(padded + v * kLanes);
-      scales = scales_storage;
+      std::memcpy(padded_scales, p.key_scales + b * n + block_key, keys_here * sizeof(float));
+      scales = padded_scales;
     }
-    const float* key_block = keys.Block(p, b, block_key / kKeysPerBlock);
-    Lanes sums[kVectorsPerBlock];
-    for (int64_t v = 0; v < kVectorsPerBlock; ++v) sums[v] = Splat(0.0f);
-    int64_t h = 0;
-    for (; h + kHeadsPerPass <= heads; h += kHeadsPerPass)
-      AddHeadPass<kHeadsPerPass>(scratch.q_row.data() + h * d_count, d_count, key_block,
-                                 weights + h, scales, sums);
-    AddLastHeads<kHeadsPerPass - 1>(heads - h, scratch.q_row.data() + h * d_count, d_count,
-                                    key_block, weights + h, scales, sums);
     float block_logits[kKeysPerBlock];
-    std::memcpy(block_logits, sums, sizeof(block_logits));
+    score_block(scratch.q_row.data(), heads, d_count, keys.Block(p, b, block_key / kKeysPerBlock),
+                weights, scales, block_logits);
     std::memcpy(logits + block_key, block_logits, keys_here * sizeof(float));
   }
   std::fill(logits + std::max(first_key, scored_end), logits + end_key,
