@@ -1,21 +1,20 @@
-// The lightning indexer's CPU handler. The keys of each sequence are widened to float32 once
-// per call, in blocks of kKeysPerBlock keys stored [D, keys] (key-minor); then each query row
-// t, with L = its clamped length, for each block of keys below L:
-//   1. for each head h in order: dot[s] = sum over d in order of q[t,h,d] * keys[s,d] from 0
-//      (float32; a product of two bfloat16 or float8 values is exact in float32), scaled by
-//      key_scales[s], relu, and logits[s] += weights[t,h] * relu (from logits[s] = 0);
-//   2. logits[s] = -inf for s >= L.
-// Vectorised across keys only (the lanes hold different s; 4 or 8 heads share each key
-// load, their dots in registers): 4 lanes everywhere, 8 (AVX2, no FMA) where the CPU has them,
-// picked at run time and giving the same bits. Every element's additions are in the order
-// above: the same bits every run, whatever the thread count. Built without FMA contraction
-// (CMakeLists.txt). Spans of keys of the rows are spread over the host's cores; indexer_topk
-// selects from a row buffer as topk_filtered does.
+// The lightning indexer's CPU handler. Keys are widened to float32 in blocks of 8, [D, 8]
+// (once per call for many rows; block by block as scored for few rows: no N * D buffer).
+// Per query row t (L its clamped length), per block below L: for each head h in order, the
+// dot over d in order from 0 of q[t,h,d] * keys[s,d] (exact products), times key_scales[s],
+// relu, logits[s] += weights[t,h] * relu from 0; -inf for s >= L. Vectorised across keys
+// only (4 lanes, or 8 with AVX2 and no FMA, picked at run time: the same bits), 4 or 8 heads
+// sharing each key load with their dots in registers; so each element's sums are in that
+// order, the same bits whatever the thread count. Built without FMA contraction. Spans of
+// 1024 keys are spread over the cores; indexer_topk selects from a row buffer as
+// topk_filtered does. Limits: compute-bound, ~1 load per 8-16 multiply-adds.
 #include "cpu/indexer_cpu.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "common/indexer_inputs.h"
@@ -31,51 +30,80 @@ float FloatOfBits(uint32_t bits) {
   return value;
 }
 
-// Element `index` of q or keys, widened exactly.
-float InputAt(const IndexerProblem& p, const void* data, int64_t index) {
-  if (p.input == IndexerInput::kBfloat16)
-    return FloatOfBits(Float32BitsOfBf16(static_cast<const uint16_t*>(data)[index]));
-  return FloatOfBits(Float32BitsOfFp8E4M3(static_cast<const uint8_t*>(data)[index]));
+// Every float8_e4m3fn value widened (Float32BitsOfFp8E4M3 once per bit pattern).
+const float* Fp8Values() {
+  static const std::array<float, 256> values = [] {
+    std::array<float, 256> table{};
+    for (uint32_t bits = 0; bits < 256; ++bits)
+      table[bits] = FloatOfBits(Float32BitsOfFp8E4M3(static_cast<uint8_t>(bits)));
+    return table;
+  }();
+  return values.data();
+}
+
+// Elements [first, first + count) of q or keys, widened exactly, `stride` floats apart in `to`.
+void WidenInputs(const IndexerProblem& p, const void* data, int64_t first, int64_t count,
+                 int64_t stride, float* to) {
+  if (p.input == IndexerInput::kBfloat16) {
+    const uint16_t* from = static_cast<const uint16_t*>(data) + first;
+    for (int64_t i = 0; i < count; ++i) to[i * stride] = FloatOfBits(Float32BitsOfBf16(from[i]));
+  } else {
+    const uint8_t* from = static_cast<const uint8_t*>(data) + first;
+    const float* fp8 = Fp8Values();
+    for (int64_t i = 0; i < count; ++i) to[i * stride] = fp8[from[i]];
+  }
 }
 
 constexpr int64_t kKeysPerBlock = 8;  // keys scored side by side, in vector lanes
 
-// Every sequence's keys as float32 in blocks of kKeysPerBlock keys, each block [D,
-// kKeysPerBlock] (key-minor): [batch, blocks, D, kKeysPerBlock], the last block zero-padded.
+// Key block `block` of sequence b widened into `to` [D, kKeysPerBlock] (key-minor), the last
+// block zero-padded.
+void WidenKeyBlock(const IndexerProblem& p, int64_t b, int64_t block, float* to) {
+  const int64_t n = p.keys_count, d_count = p.head_dim, first_key = block * kKeysPerBlock;
+  const int64_t keys_here = std::min(kKeysPerBlock, n - first_key);
+  for (int64_t j = 0; j < keys_here; ++j)
+    WidenInputs(p, p.keys, (b * n + first_key + j) * d_count, d_count, kKeysPerBlock, to + j);
+  for (int64_t j = keys_here; j < kKeysPerBlock; ++j)
+    for (int64_t d = 0; d < d_count; ++d) to[d * kKeysPerBlock + j] = 0.0f;
+}
+
+// The keys of every sequence in blocks of kKeysPerBlock [D, kKeysPerBlock]: widened once per
+// call into [batch, blocks, D, kKeysPerBlock] when many rows share them, or (few rows) each
+// block as it is scored, into the scorer's own buffer (no buffer of N * D floats to fill).
 struct BlockedKeys {
   int64_t blocks = 0;
-  std::vector<float> values;
-  const float* Block(const IndexerProblem& p, int64_t b, int64_t block) const {
-    return values.data() + ((b * blocks + block) * p.head_dim) * kKeysPerBlock;
+  std::unique_ptr<float[]> values;  // nullptr: widened block by block
+  const float* Block(const IndexerProblem& p, int64_t b, int64_t block, float* spare) const {
+    if (values == nullptr) {
+      WidenKeyBlock(p, b, block, spare);
+      return spare;
+    }
+    return values.get() + ((b * blocks + block) * p.head_dim) * kKeysPerBlock;
   }
 };
 
-BlockedKeys DecodedKeys(const IndexerProblem& p, const ScheduleTask& schedule,
-                        int64_t pool_threads) {
-  const int64_t n = p.keys_count, d_count = p.head_dim;
+BlockedKeys KeysFor(const IndexerProblem& p, int64_t rows, const ScheduleTask& schedule,
+                    int64_t pool_threads) {
   BlockedKeys keys;
-  keys.blocks = (n + kKeysPerBlock - 1) / kKeysPerBlock;
-  keys.values.assign(static_cast<size_t>(p.batch * keys.blocks * d_count * kKeysPerBlock), 0.0f);
+  keys.blocks = (p.keys_count + kKeysPerBlock - 1) / kKeysPerBlock;
+  if (rows <= pool_threads) return keys;  // few rows: each block widened at most rows times
+  const int64_t block_size = p.head_dim * kKeysPerBlock;
+  keys.values.reset(new float[static_cast<size_t>(p.batch * keys.blocks * block_size)]);
   struct NoState {};
-  ParallelRows<NoState>(p.batch * keys.blocks, d_count * kKeysPerBlock, schedule, pool_threads,
+  ParallelRows<NoState>(p.batch * keys.blocks, block_size, schedule, pool_threads,
                         [&](NoState&, int64_t first, int64_t end) {
-                          for (int64_t unit = first; unit < end; ++unit) {
-                            const int64_t b = unit / keys.blocks, block = unit % keys.blocks;
-                            float* to = keys.values.data() + unit * d_count * kKeysPerBlock;
-                            const int64_t s_end = std::min(n, (block + 1) * kKeysPerBlock);
-                            for (int64_t s = block * kKeysPerBlock; s < s_end; ++s)
-                              for (int64_t d = 0; d < d_count; ++d)
-                                to[d * kKeysPerBlock + s % kKeysPerBlock] =
-                                    InputAt(p, p.keys, (b * n + s) * d_count + d);
-                          }
+                          for (int64_t unit = first; unit < end; ++unit)
+                            WidenKeyBlock(p, unit / keys.blocks, unit % keys.blocks,
+                                          keys.values.get() + unit * block_size);
                         });
   return keys;
 }
 
 // One thread's buffers, reused across its rows.
 struct IndexerScratch {
-  std::vector<float> q_row;   // [H, D] of the current row
-  std::vector<float> logits;  // [N]: indexer_topk's row buffer
+  std::vector<float> q_row;      // [H, D] of the current row
+  std::vector<float> logits;     // [N]: indexer_topk's row buffer
+  std::vector<float> key_block;  // [D, kKeysPerBlock] when keys are widened block by block
   TopkRowScratch selection;
 };
 
@@ -215,11 +243,11 @@ void LogitsSpan(const IndexerProblem& p, const BlockedKeys& keys, int64_t row, i
   const int64_t scored_end = std::min(end_key, length);
   if (first_key < scored_end) {
     scratch.q_row.resize(static_cast<size_t>(heads * d_count));
-    for (int64_t i = 0; i < heads * d_count; ++i)
-      scratch.q_row[i] = InputAt(p, p.q, row * heads * d_count + i);
+    WidenInputs(p, p.q, row * heads * d_count, heads * d_count, 1, scratch.q_row.data());
   }
   const float* weights = p.weights + row * heads;
   const ScoreBlock score_block = BlockScorer();
+  scratch.key_block.resize(static_cast<size_t>(d_count * kKeysPerBlock));
   for (int64_t block_key = first_key; block_key < scored_end; block_key += kKeysPerBlock) {
     const int64_t keys_here = std::min(kKeysPerBlock, scored_end - block_key);
     float padded_scales[kKeysPerBlock] = {};
@@ -229,8 +257,9 @@ void LogitsSpan(const IndexerProblem& p, const BlockedKeys& keys, int64_t row, i
       scales = padded_scales;
     }
     float block_logits[kKeysPerBlock];
-    score_block(scratch.q_row.data(), heads, d_count, keys.Block(p, b, block_key / kKeysPerBlock),
-                weights, scales, block_logits);
+    score_block(scratch.q_row.data(), heads, d_count,
+                keys.Block(p, b, block_key / kKeysPerBlock, scratch.key_block.data()), weights,
+                scales, block_logits);
     std::memcpy(logits + block_key, block_logits, keys_here * sizeof(float));
   }
   std::fill(logits + std::max(first_key, scored_end), logits + end_key,
@@ -271,7 +300,7 @@ void LogitsOfSpans(const IndexerProblem& p, const BlockedKeys& keys, const Spans
 }  // namespace
 
 void IndexerLogitsCpu(const IndexerProblem& p, const ScheduleTask& schedule, int64_t pool_threads) {
-  const BlockedKeys keys = DecodedKeys(p, schedule, pool_threads);
+  const BlockedKeys keys = KeysFor(p, p.batch * p.queries, schedule, pool_threads);
   const Spans spans = SpansOf(p, p.batch * p.queries);
   ParallelRows<IndexerScratch>(
       spans.count, kKeysPerSpan * p.heads * p.head_dim, schedule, pool_threads,
@@ -282,8 +311,8 @@ void IndexerLogitsCpu(const IndexerProblem& p, const ScheduleTask& schedule, int
 
 void IndexerTopkCpu(const IndexerProblem& p, const TopkProblem& selection,
                     const ScheduleTask& schedule, int64_t pool_threads) {
-  const BlockedKeys keys = DecodedKeys(p, schedule, pool_threads);
   const int64_t rows = p.batch * p.queries, n = p.keys_count;
+  const BlockedKeys keys = KeysFor(p, rows, schedule, pool_threads);
   if (rows <= pool_threads) {
     // Fewer rows than threads: their logits into a buffer of those rows, spread over the
     // cores by spans of keys, then each row's selection from it.
