@@ -31,7 +31,6 @@ os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -43,7 +42,13 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from benches import report  # noqa: E402
-from benches.bench import median_call_us, traced_kernel_events, wall_time_us  # noqa: E402
+from benches.bench import (  # noqa: E402
+    _same_bits,
+    _this_run,
+    median_call_us,
+    traced_kernel_events,
+    wall_time_us,
+)
 from jax_topk import _sharding, top_k, topk_filtered  # noqa: E402
 
 K = 2048
@@ -262,15 +267,10 @@ def make_sets(problem: Problem, sets: int) -> list[tuple]:
     return [(normal(jax.random.fold_in(key, i)), lengths) for i in range(sets)]
 
 
-def _same_bits(got, want) -> bool:
-    got = jax.tree.leaves(got)
-    want = jax.tree.leaves(want)
-    return all(
-        np.array_equal(
-            np.asarray(g).view(f"u{g.dtype.itemsize}"), np.asarray(w).view(f"u{w.dtype.itemsize}")
-        )
-        for g, w in zip(got, want)
-    )
+def same_results(got, want) -> bool:
+    """Every array of a result (indices; top_k's values too) the same bits."""
+    got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+    return len(got) == len(want) and all(_same_bits(g, w) for g, w in zip(got, want))
 
 
 def bench_layout(problem: Problem, layout: Layout, host_sets, reference, quick: bool) -> dict:
@@ -287,7 +287,7 @@ def bench_layout(problem: Problem, layout: Layout, host_sets, reference, quick: 
     step = jax.jit(problem.call())
     compiled = step.lower(*input_sets[0]).compile()
     hlo_passed, hlo_summary = hlo_check(compiled.as_text(), problem, layout)
-    equal = _same_bits(compiled(*input_sets[0]), reference)
+    equal = same_results(compiled(*input_sets[0]), reference)
     device_us, device_mean_us = device_times_us(compiled, input_sets, plan.calls)
     wall_us = wall_time_us(problem.call(), input_sets, plan.wall_repeats)
     gather_us = gather_wall_us = None
@@ -316,10 +316,8 @@ def bench_layout(problem: Problem, layout: Layout, host_sets, reference, quick: 
         equal_to_one_device=equal,
         hlo_passed=hlo_passed,
         hlo=hlo_summary,
-        jax=jax.__version__,
-        device=jax.devices()[0].device_kind,
         local_devices=jax.local_device_count(),
-        date=datetime.date.today().isoformat(),
+        **_this_run(),
     )
 
 

@@ -3,31 +3,18 @@ its own process (the device count is fixed at JAX's start): every configuration 
 one-device run and passes the HLO check, and the results file and table are written."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).parents[1]
+from tests.support.processes import run_python
 
 
 def test_quick_run_on_8_host_devices_is_exact_and_moves_only_candidates(tmp_path):
-    env = dict(
-        os.environ,
+    results = tmp_path / "cpu8.json"
+    stdout = run_python(
+        *("-m", "benches.multi_device", "--quick", "--json", str(results)),
         JAX_PLATFORMS="cpu",
         XLA_FLAGS="--xla_force_host_platform_device_count=8",
     )
-    results = tmp_path / "cpu8.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benches.multi_device", "--quick", "--json", str(results)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "HLO check control: an all-gather of the scores fails it" in result.stdout
+    assert "HLO check control: an all-gather of the scores fails it" in stdout
     records = json.loads(results.read_text())
     # For each op: one device; rows, columns x 2 merges on 2, 4 and 8; 2 x 2 and 2 x 4 x 2.
     configurations = {(r["mesh"], r["column_merge"]) for r in records}
@@ -49,4 +36,4 @@ def test_quick_run_on_8_host_devices_is_exact_and_moves_only_candidates(tmp_path
         assert (r["gather_wall_us"] is None) == (r["column_merge"] is None), label
     table = results.with_suffix(".md").read_text()
     assert sum(line.startswith("| top") for line in table.splitlines()) == len(records)
-    assert f"{len(records)} of {len(records)} configurations equal to one device" in result.stdout
+    assert f"{len(records)} of {len(records)} configurations equal to one device" in stdout
