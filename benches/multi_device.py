@@ -94,7 +94,7 @@ class Layout:
         if self.devices == 1:
             return "one device"
         parts = [("rows", self.row_shards), ("columns", self.column_shards)]
-        return " x ".join(f"{what}" for what, shards in parts if shards > 1)
+        return " x ".join(what for what, shards in parts if shards > 1)
 
     def mesh(self) -> Mesh:
         devices = np.array(jax.devices()[: self.devices]).reshape(
