@@ -273,34 +273,48 @@ def check_against_lax(cases, progress) -> list[str]:
 # --- timing -------------------------------------------------------------------------------
 
 
-def _stream_kernel_events(trace_dir: str):
-    """(start_ns, duration_ns) of every GPU kernel in a profiler trace."""
+def _kernel_events_by_device(trace_dir: str) -> dict[str, list]:
+    """(start_ns, duration_ns) of every GPU kernel in a profiler trace, by device plane
+    (`/device:GPU:N`), each sorted by start."""
     paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    events = []
+    by_device = {}
     for plane in jax.profiler.ProfileData.from_file(paths[0]).planes:
         if not plane.name.startswith("/device:GPU"):
             continue
+        events = by_device.setdefault(plane.name, [])
         for line in plane.lines:
             if line.name.startswith("Stream"):
                 events += [(e.start_ns, e.duration_ns) for e in line.events]
-    return sorted(events)
+    return {name: sorted(events) for name, events in by_device.items()}
 
 
-def device_time_us(fn, input_sets, calls: int) -> float:
-    """Median device time of one call: the kernels of `calls` calls, grouped per call."""
+def traced_kernel_events(fn, input_sets, calls: int) -> dict[str, list]:
+    """The kernels of `calls` calls of `fn` (after one untraced call per input set), by
+    device plane: `_kernel_events_by_device`."""
     for inputs in input_sets:
         jax.block_until_ready(fn(*inputs))
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             for i in range(calls):
                 jax.block_until_ready(fn(*input_sets[i % len(input_sets)]))
-        events = _stream_kernel_events(trace_dir)
+        return _kernel_events_by_device(trace_dir)
+
+
+def median_call_us(events, calls: int) -> float:
+    """Median over calls of the summed kernel durations of one call, the events of `calls`
+    calls in order; the mean where the kernels a call are not constant (should not
+    happen)."""
     if not events or len(events) % calls:
-        # Kernels per call not constant (should not happen): report the mean.
         return sum(d for _, d in events) / calls / 1e3
     per_call = len(events) // calls
     totals = [sum(d for _, d in events[i * per_call : (i + 1) * per_call]) for i in range(calls)]
     return float(np.median(totals)) / 1e3
+
+
+def device_time_us(fn, input_sets, calls: int) -> float:
+    """Median device time of one call: the kernels of `calls` calls, grouped per call."""
+    by_device = traced_kernel_events(fn, input_sets, calls)
+    return median_call_us(sorted(e for events in by_device.values() for e in events), calls)
 
 
 def wall_time_us(fn, input_sets, repeats: int) -> float:

@@ -6,15 +6,28 @@ layout. Rows split over mesh axes: each device calls the kernel on its rows.
 `num_valid_rows` counts global rows (per group of rows, one group per vmapped call), so
 each shard turns it into limits for its own rows. Columns split over mesh axes: each
 device selects k candidates among its own columns (lengths clamped to its column range,
-global column numbers, with values, no page table), the candidates are all-gathered over
-the column axes ([rows, devices * k] values and columns), `merge_topk`'s merge gives the
-unsharded result bit for bit, and the page transform follows. Both at once on 2-D meshes.
+global column numbers, with values, no page table), the candidates travel over the column
+axes and `merge_topk`'s merge gives the unsharded result bit for bit, and the page
+transform follows. Both at once on 2-D meshes.
+
+How the candidates travel, `COLUMN_MERGE` (private, for the benchmark: read when a call is
+partitioned, so set it before the first compile or call `jax.clear_caches()`; the
+environment variable JAX_TOPK_COLUMN_MERGE sets its start value):
+- "all_gather" (the default): one all-gather of [rows, devices * k] values and columns,
+  then one merge of devices * k candidates a row.
+- "tree": log2(devices) rounds of pairwise exchanges (recursive doubling: a
+  collective_permute with the device whose column shard index differs in bit r), each
+  followed by a merge of 2 k candidates to k. Exact because the top k of a union is the
+  top k of the union of each part's top k (values in total order, ties by column, the same
+  order at every step). Column shards of a count that is not a power of two fall back to
+  the all-gather.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +38,9 @@ from . import _fallback
 from ._contract import Operands, Params
 from ._lowering import ffi_call_p
 from ._merge import merge_2d
+
+COLUMN_MERGES = ("all_gather", "tree")
+COLUMN_MERGE = os.environ.get("JAX_TOPK_COLUMN_MERGE", "all_gather")
 
 
 def _bind(params: Params, *operands):
@@ -96,11 +112,36 @@ def local_num_valid_rows(num_valid_rows, rows, first_row, local_rows):
     return jnp.clip(limits, 0, piece).astype(jnp.int32)
 
 
-def _column_shard_call(params: Params, local: Operands, *, n: int, offset, column_axes):
+def _merge_over(values, columns, *, mesh, axes, params: Params):
+    """The exact top k of every device's candidates over the mesh `axes` (COLUMN_MERGE says
+    how they travel), on every device of those axes."""
+    if COLUMN_MERGE not in COLUMN_MERGES:
+        raise ValueError(f"JAX_TOPK_COLUMN_MERGE={COLUMN_MERGE!r}: one of {COLUMN_MERGES}")
+    devices = math.prod(mesh.shape[a] for a in axes)
+    rounds = devices.bit_length() - 1
+    if COLUMN_MERGE == "all_gather" or devices != 1 << rounds or rounds == 0:
+        values = jax.lax.all_gather(values, axes, axis=1, tiled=True)
+        columns = jax.lax.all_gather(columns, axes, axis=1, tiled=True)
+        return merge_2d(values, columns, k=params.k, sorted=params.sorted, local=True)
+    for bit in range(rounds):
+        partners = [(i, i ^ (1 << bit)) for i in range(devices)]
+        peer_values = jax.lax.ppermute(values, axes, partners)
+        peer_columns = jax.lax.ppermute(columns, axes, partners)
+        values, columns = merge_2d(
+            jnp.concatenate([values, peer_values], axis=1),
+            jnp.concatenate([columns, peer_columns], axis=1),
+            k=params.k,
+            sorted=params.sorted and bit == rounds - 1,
+            local=True,
+        )
+    return values, columns
+
+
+def _column_shard_call(params: Params, local: Operands, *, mesh, n: int, offset, column_axes):
     """One device's columns [offset, offset + local n) of a column-sharded call: the
     candidates of its columns (global column numbers, with values, in any order), gathered
     over the column axes (k values and columns a row a device, never the scores), merged
-    exactly, then the page transform."""
+    exactly (`_merge_over`), then the page transform."""
     local_n = local.scores.shape[1]
     # Clamped to [0, n] before the shift, so no length can wrap.
     lengths = jnp.clip(jnp.clip(local.lengths, 0, n) - offset, 0, local_n).astype(jnp.int32)
@@ -119,9 +160,7 @@ def _column_shard_call(params: Params, local: Operands, *, n: int, offset, colum
         ),
     )
     columns = jnp.where(indices != _fallback.EMPTY_SLOT, indices + offset, _fallback.EMPTY_SLOT)
-    values = jax.lax.all_gather(values, column_axes, axis=1, tiled=True)
-    columns = jax.lax.all_gather(columns, column_axes, axis=1, tiled=True)
-    values, columns = merge_2d(values, columns, k=params.k, sorted=params.sorted, local=True)
+    values, columns = _merge_over(values, columns, mesh=mesh, axes=column_axes, params=params)
     if params.has_page_table:
         columns = _fallback.page_transform(
             columns,
@@ -153,7 +192,9 @@ def _partition(params: Params, mesh, arg_shapes, result_shape):
         if not column_axes:
             return _bind(params, *local)
         offset = _shard_index(mesh, column_axes) * local_n
-        return _column_shard_call(params, local, n=n, offset=offset, column_axes=column_axes)
+        return _column_shard_call(
+            params, local, mesh=mesh, n=n, offset=offset, column_axes=column_axes
+        )
 
     return mesh, local_call, result_shardings, arg_shardings
 

@@ -6,12 +6,8 @@ bit, its keys over every 16-bit pattern, and exports for platforms that have no 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
 import zlib
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +19,7 @@ from jax_topk._contract import Operands, Params
 from tests.support import families
 from tests.support.families import edge_lengths
 from tests.support.operators import OPS, SCORE_DTYPES, permuted_page_table, run_op
+from tests.support.processes import run_python
 from tests.support.reference import ordered_keys as reference_ordered_keys
 
 
@@ -181,16 +178,7 @@ def test_row_sharding_with_the_fallback():
         "with lowering.forced_fallback():\n"
         "    runpy.run_module('tests.checks.sharding', run_name='__main__')\n"
     )
-    env = dict(
-        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8"
+    stdout = run_python(
+        "-c", script, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=Path(__file__).parents[1],
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "no all-gather of scores" in result.stdout
+    assert "no all-gather of scores" in stdout

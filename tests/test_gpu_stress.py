@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -17,6 +14,7 @@ import pytest
 import jax_topk
 from tests.support import families
 from tests.support.operators import device_for, gpu_devices, run_op
+from tests.support.processes import run_python
 
 pytestmark = [
     pytest.mark.gpu,
@@ -113,21 +111,9 @@ def test_filtered_repeated_calls_and_changing_num_valid_rows():
 
 def test_cuda_graph_replay():
     """Under XLA command buffers (CUDA graphs), replays with a changing num_valid_rows."""
-    env = dict(
-        os.environ,
-        XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
-        + " --xla_gpu_enable_command_buffer=+CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.checks.graph_replay"],
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "graph replay: ok" in result.stdout
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags += " --xla_gpu_enable_command_buffer=+CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+    assert "graph replay: ok" in run_python("-m", "tests.checks.graph_replay", XLA_FLAGS=flags)
 
 
 def tied_group_rows(rng, rows, n, k, copies):

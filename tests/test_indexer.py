@@ -16,6 +16,7 @@ from tests.support.indexer import (
     TOLERANCE,
     logits_then_topk,
     make_inputs,
+    ordered_logits,
     reference_logits,
     run,
 )
@@ -91,6 +92,27 @@ def test_num_valid_rows(backend, valid):
     assert (got[int(np.clip(valid, 0, 12)) :] == -1).all()
 
 
+@pytest.mark.parametrize("queries,valid", [(1, None), (1, 0), (2, 1), (3, None)])
+def test_few_long_rows(backend, queries, valid):
+    """Fewer rows than the host's threads: the CPU spreads spans of keys over the cores."""
+    rng = np.random.default_rng(11)
+    n = 5000  # several spans of keys, the last one partial
+    q, keys, weights = make_inputs(rng, queries, HEADS, HEAD_DIM, n, dtype=FP8)
+    key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32)
+    lengths = np.array([n, 3000, 1023][:queries], np.int32)
+    valid_rows = None if valid is None else np.int32(valid)
+    kwargs = dict(key_scales=key_scales)
+    got = _assert_topk_matches(
+        backend, q, keys, weights, lengths, k=2048, num_valid_rows=valid_rows, **kwargs
+    )
+    if valid is not None:
+        assert (got[valid:] == -1).all()
+    if backend == "cpu":
+        logits = run(jax_topk.indexer_logits, backend, q, keys, weights, lengths=lengths, **kwargs)
+        want = ordered_logits(q, keys, weights, lengths, key_scales)
+        np.testing.assert_array_equal(logits.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_page_transform(backend, page_size):
     rng = np.random.default_rng(page_size)
@@ -151,6 +173,46 @@ def test_logits_within_bound_of_float64(backend, dtype, family):
     np.testing.assert_array_equal(got[past], want[past])
     error = np.abs(got[~past].astype(np.float64) - want[~past])
     assert (error <= TOLERANCE[dtype] * scale[~past]).all(), (error / scale[~past]).max()
+
+
+def _raw_values(rng, shape, dtype):
+    """Every bit pattern of the dtype: NaNs, infinities, subnormals, +-0 among them."""
+    if dtype == BF16:
+        return rng.integers(0, 1 << 16, size=shape, dtype=np.uint16).view(BF16)
+    return rng.integers(0, 1 << 8, size=shape, dtype=np.uint8).view(FP8)
+
+
+def _special_floats(rng, shape):
+    """float32 normals mixed with 0, -0, subnormals, infinities, NaN and huge values."""
+    values = rng.standard_normal(shape).astype(np.float32)
+    specials = np.array([0.0, -0.0, 1e-40, -1e-40, np.inf, -np.inf, np.nan, 1e30], np.float32)
+    picked = rng.random(shape) < 0.3
+    values[picked] = rng.choice(specials, size=int(picked.sum()))
+    return values
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP8], ids=["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("heads,head_dim,n", [(1, 1, 1), (3, 7, 37), (64, 128, 261)])
+@pytest.mark.parametrize("values", ["normal", "raw_bits"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "key_scales"])
+def test_cpu_logits_in_the_stated_order(dtype, heads, head_dim, n, values, scaled):
+    """The CPU handler's logits are the stated order's float32 sums bit for bit (a NaN may
+    carry another payload or sign): blocking and vectorising over keys reorders no sum."""
+    rng = np.random.default_rng(10)
+    queries = 8
+    q, keys, weights = make_inputs(rng, queries, heads, head_dim, n, dtype=dtype)
+    if values == "raw_bits":
+        q, keys = _raw_values(rng, q.shape, dtype), _raw_values(rng, keys.shape, dtype)
+        weights = _special_floats(rng, weights.shape)
+    key_scales = _special_floats(rng, (n,)) if scaled else None
+    lengths = np.array([0, 1, n // 2, n - 1, n, n + 3, -2, n // 3 + 1], np.int32)
+    got = run(
+        jax_topk.indexer_logits, "cpu", q, keys, weights, lengths=lengths, key_scales=key_scales
+    )
+    want = ordered_logits(q, keys, weights, lengths, key_scales)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 def test_logits_without_lengths_cover_every_key(backend):

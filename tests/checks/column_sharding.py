@@ -1,7 +1,9 @@
 """Run in its own process by tests/test_sharding.py (`python -m tests.checks.column_sharding`),
 with 8 host devices: every operator with the scores' columns sharded over 2, 4 and 8 devices,
 and rows x columns on 2 x 4, equals the unsharded call bit for bit over adversarial rows,
-and the compiled HLO moves only the candidates between devices, never the scores."""
+and the compiled HLO moves only the candidates between devices, never the scores. With
+JAX_TOPK_COLUMN_MERGE=tree in the environment the same checks cover the tree of pairwise
+merges (collective-permutes in place of the all-gather)."""
 
 import os
 import re
@@ -15,6 +17,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_topk  # noqa: E402
+from jax_topk import _sharding  # noqa: E402
 from tests.support import families  # noqa: E402
 from tests.support.operators import OPS, SCORE_DTYPES, permuted_page_table  # noqa: E402
 
@@ -66,7 +69,8 @@ def assert_same_bits(got, want, msg):
 
 def assert_only_candidates_move(fn, args, local_n):
     """No collective in the compiled HLO has a shape with a dimension of n or the local n:
-    only the [rows, devices * k] candidates cross devices."""
+    only the [rows, devices * k] candidates cross devices. Returns the count of the
+    collectives that carry them (all-gathers, or collective-permutes for the tree)."""
     hlo = fn.lower(*args).compile().as_text()
     moved = []
     for line in hlo.splitlines():
@@ -80,7 +84,8 @@ def assert_only_candidates_move(fn, args, local_n):
         if dims & {N, local_n}:
             moved.append(line.strip()[:160])
     assert not moved, "the scores crossed devices:\n" + "\n".join(moved)
-    return sum(1 for line in hlo.splitlines() if " all-gather" in line)
+    carrier = " collective-permute" if _sharding.COLUMN_MERGE == "tree" else " all-gather"
+    return sum(1 for line in hlo.splitlines() if carrier in line)
 
 
 def check_layout(shape, names, spec, axis_type, rng):
@@ -165,8 +170,8 @@ def main():
     checks = sum(check_layout(*layout, rng) for layout in LAYOUTS)
     checks += check_row_sharded_merge(rng)
     print(
-        f"column sharding: {checks} sharded calls equal the unsharded ones, "
-        "only the candidates cross devices"
+        f"column sharding ({_sharding.COLUMN_MERGE}): {checks} sharded calls equal the "
+        "unsharded ones, only the candidates cross devices"
     )
 
 

@@ -86,6 +86,41 @@ def reference_logits(q, keys, weights, lengths=None, key_scales=None):
     return logits, scale
 
 
+def _flushed(x):
+    """x with float32 subnormals replaced by zeros of their sign: XLA runs CPU code with
+    denormals flushed (FTZ and DAZ), so every input and result of the handler's arithmetic
+    is flushed."""
+    tiny = np.abs(x) < np.finfo(np.float32).tiny
+    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
+def ordered_logits(q, keys, weights, lengths=None, key_scales=None):
+    """The CPU handler's logits in float32, in its stated order (docs/contract.md section 9):
+    per head in order, the dot over d in order from 0, times the key scale, relu, then
+    logits += weight * relu from 0; -inf past the lengths; denormals flushed as XLA's CPU
+    does. Vectorised over (t, s) only, so every sum is the handler's: equal to it bit for
+    bit, but for a NaN's payload and sign (which the compiler's operand order decides)."""
+    q32 = _flushed(np.asarray(q).astype(np.float32))
+    k32 = _flushed(np.asarray(keys).astype(np.float32))
+    w32 = _flushed(np.asarray(weights, np.float32))
+    queries, heads, head_dim = q32.shape
+    n = k32.shape[0]
+    logits = np.zeros((queries, n), np.float32)
+    with np.errstate(all="ignore"):
+        for h in range(heads):
+            dots = np.zeros((queries, n), np.float32)
+            for d in range(head_dim):
+                dots = _flushed(dots + _flushed(q32[:, h, d, None] * k32[None, :, d]))
+            if key_scales is not None:
+                dots = _flushed(dots * _flushed(np.asarray(key_scales, np.float32))[None, :])
+            relu = np.where(dots < 0, np.float32(0), dots)  # std::max(dots, 0): NaN stays
+            logits = _flushed(logits + _flushed(w32[:, h, None] * relu))
+    if lengths is not None:
+        past = np.arange(n)[None, :] >= np.clip(np.asarray(lengths), 0, n)[:, None]
+        logits[past] = -np.inf
+    return logits
+
+
 def run(fn, backend, q, keys, weights, **kwargs):
     """Runs fn(q, keys, weights, **kwargs) under jit on one backend; arrays of TRACED names
     are traced operands, the rest static."""
