@@ -112,6 +112,12 @@ def local_num_valid_rows(num_valid_rows, rows, first_row, local_rows):
     return jnp.clip(limits, 0, piece).astype(jnp.int32)
 
 
+def column_lengths(lengths, n: int, offset, local_n: int):
+    """Global lengths as the lengths of the column range [offset, offset + local_n).
+    Clamped to [0, n] before the shift, so no length can wrap."""
+    return jnp.clip(jnp.clip(lengths, 0, n) - offset, 0, local_n).astype(jnp.int32)
+
+
 def _merge_over(values, columns, *, mesh, axes, params: Params):
     """The exact top k of every device's candidates over the mesh `axes` (COLUMN_MERGE says
     how they travel), on every device of those axes."""
@@ -137,14 +143,12 @@ def _merge_over(values, columns, *, mesh, axes, params: Params):
     return values, columns
 
 
-def _column_shard_call(params: Params, local: Operands, *, mesh, n: int, offset, column_axes):
+def column_shard_call(params: Params, local: Operands, *, mesh, n: int, offset, column_axes):
     """One device's columns [offset, offset + local n) of a column-sharded call: the
     candidates of its columns (global column numbers, with values, in any order), gathered
     over the column axes (k values and columns a row a device, never the scores), merged
     exactly (`_merge_over`), then the page transform."""
-    local_n = local.scores.shape[1]
-    # Clamped to [0, n] before the shift, so no length can wrap.
-    lengths = jnp.clip(jnp.clip(local.lengths, 0, n) - offset, 0, local_n).astype(jnp.int32)
+    lengths = column_lengths(local.lengths, n, offset, local.scores.shape[1])
     candidates_params = dataclasses.replace(
         params,
         log2_page_size=0,
@@ -192,7 +196,7 @@ def _partition(params: Params, mesh, arg_shapes, result_shape):
         if not column_axes:
             return _bind(params, *local)
         offset = _shard_index(mesh, column_axes) * local_n
-        return _column_shard_call(
+        return column_shard_call(
             params, local, mesh=mesh, n=n, offset=offset, column_axes=column_axes
         )
 
