@@ -13,7 +13,8 @@ from tests.support.processes import run_python
         ("tests.checks.column_sharding", "all_gather", "only the candidates cross devices"),
         # The tree of pairwise merges (jax_topk/_sharding.py's COLUMN_MERGE).
         ("tests.checks.column_sharding", "tree", "column sharding (tree):"),
-        ("tests.checks.indexer_sharding", "all_gather", "no all-gather"),
+        ("tests.checks.indexer_sharding", "all_gather", "only the candidates cross devices"),
+        ("tests.checks.indexer_sharding", "tree", "indexer context parallelism (tree):"),
     ],
 )
 def test_sharded_calls_equal_unsharded_without_moving_scores(check, column_merge, summary):

@@ -1,7 +1,11 @@
 """Run in its own process by tests/test_sharding.py (`python -m tests.checks.indexer_sharding`),
 with 8 host devices: the lightning indexer with its query rows (and sequences, under vmap)
 sharded equals the unsharded call, num_valid_rows included, and the compiled HLO never
-all-gathers q (the keys, given replicated, stay so)."""
+all-gathers q (the keys, given replicated, stay so). Context parallelism: the keys split
+over N on 2, 4 and 8 devices, and rows x keys on 2 x 4, equal the unsharded call bit for
+bit (the CPU handler's logits do not depend on the device computing them) over adversarial
+keys and lengths at each shard boundary; indexer_logits moves nothing between devices and
+indexer_topk only the candidates (JAX_TOPK_COLUMN_MERGE=tree: the tree of merges)."""
 
 import os
 
@@ -14,6 +18,15 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_topk  # noqa: E402
+from jax_topk import _sharding  # noqa: E402
+from tests.checks.column_sharding import (  # noqa: E402
+    COLLECTIVES,
+    PAGE_SIZE,
+    ROWS,
+    N,
+    assert_only_candidates_move,
+    boundary_lengths,
+)
 from tests.support.indexer import make_inputs  # noqa: E402
 from tests.support.operators import permuted_page_table  # noqa: E402
 
@@ -24,6 +37,120 @@ def assert_no_gather(fn, args):
     hlo = fn.lower(*args).compile().as_text()
     gathered = [line for line in hlo.splitlines() if "all-gather(" in line]
     assert not gathered, "the partitioned call gathered:\n" + "\n".join(gathered)
+
+
+# (mesh shape, axis names, q's row axis, the keys' N axis, axis type)
+KEY_LAYOUTS = [
+    ((2,), ("model",), None, "model", jax.sharding.AxisType.Explicit),
+    ((4,), ("model",), None, "model", jax.sharding.AxisType.Auto),
+    ((8,), ("model",), None, "model", jax.sharding.AxisType.Explicit),
+    ((2, 4), ("data", "model"), "data", "model", jax.sharding.AxisType.Explicit),
+    ((2, 4), ("data", "model"), "data", "model", jax.sharding.AxisType.Auto),
+]
+HEADS, HEAD_DIM = 2, 16
+
+
+def winners_on_one_shard(rng):
+    """Positive logits, the keys of one 125-key shard far above the rest (every row's top k
+    there, and ties among its repeated keys)."""
+    q, keys, weights = make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family="repeated_keys")
+    q, weights = np.abs(q), np.abs(weights)
+    keys = np.abs(keys.astype(np.float32))
+    shard = rng.integers(0, 8)
+    keys[shard * 125 : (shard + 1) * 125] *= 64.0
+    return q, keys.astype(q.dtype), weights
+
+
+def key_families(rng):
+    """Ties across shards (repeated keys, zero heads), winners on one shard, and random bit
+    patterns (NaN and infinite logits)."""
+    named = ("repeated_keys", "zero_heads", "random_bits")
+    inputs = [make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family=f) for f in named]
+    return [*inputs, winners_on_one_shard(rng)]
+
+
+def assert_nothing_moves(fn, args):
+    hlo = fn.lower(*args).compile().as_text()
+    moved = [line for line in hlo.splitlines() if any(f" {c}" in line for c in COLLECTIVES)]
+    assert not moved, "the key-sharded logits crossed devices:\n" + "\n".join(moved)
+
+
+def check_key_layout(shape, names, row_axis, key_axis, axis_type, rng):
+    """Keys (and key_scales) split over `key_axis`, q's rows over `row_axis`."""
+    mesh = jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
+    local_n = N // mesh.shape[key_axis]
+
+    def put(x, spec):
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    lengths = boundary_lengths(rng)
+    scales = rng.uniform(0.5, 2.0, size=N).astype(np.float32)
+    table = permuted_page_table(rng, ROWS, N // PAGE_SIZE + 1)
+    shared = permuted_page_table(rng, 3, N // PAGE_SIZE + 1)
+    table_rows = rng.integers(-2, 5, size=ROWS).astype(np.int32)
+    logits = jax.jit(lambda a, b, c, d, s: jax_topk.indexer_logits(a, b, c, d, key_scales=s))
+    per_row = jax.jit(
+        lambda a, b, c, d, s, t, v: jax_topk.indexer_topk(
+            a, b, c, d, k=40, key_scales=s, page_table=t, page_size=PAGE_SIZE, num_valid_rows=v
+        )
+    )
+    shared_table = jax.jit(
+        lambda a, b, c, d, t, tr: jax_topk.indexer_topk(
+            a, b, c, d, k=150, page_table=t, page_size=PAGE_SIZE, table_rows=tr, sorted=True
+        )
+    )
+    checks = gathers = 0
+    for index, (q, keys, weights) in enumerate(key_families(rng)):
+        sharded = (
+            put(q, P(row_axis, None, None)),
+            put(keys, P(key_axis, None)),
+            put(weights, P(row_axis, None)),
+            put(lengths, P(row_axis)),
+        )
+        plain = (q, keys, weights, lengths)
+        sharded_scales = put(scales, P(key_axis))
+        got = logits(*sharded, sharded_scales)
+        want = logits(*plain, scales)
+        np.testing.assert_array_equal(
+            np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32), f"logits {index}"
+        )
+        assert got.sharding.spec[1] == key_axis, got.sharding
+        valid = (ROWS, 0, 13, -1)[index]
+        got = per_row(*sharded, sharded_scales, put(table, P(row_axis, None)), np.int32(valid))
+        want = per_row(*plain, scales, table, np.int32(valid))
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"topk {index}")
+        got = shared_table(*sharded, shared, put(table_rows, P(row_axis)))
+        want = shared_table(*plain, shared, table_rows)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"shared {index}")
+        checks += 3
+    assert_nothing_moves(logits, (*sharded, sharded_scales))
+    args = (*sharded, shared, put(table_rows, P(row_axis)))
+    gathers += assert_only_candidates_move(shared_table, args, local_n)
+    assert gathers > 0, "no candidates crossed devices: the keys were not split"
+    return checks
+
+
+def check_key_sharded_sequences(rng):
+    """vmap over 4 sequences of 8 queries: sequences over "data", each sequence's keys over
+    "model", one limit per sequence."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    q, keys, weights = make_inputs(rng, ROWS, HEADS, HEAD_DIM, 4 * N, family="repeated_keys")
+    batched = (
+        q.reshape(4, 8, HEADS, HEAD_DIM),
+        keys.reshape(4, N, HEAD_DIM),
+        weights.reshape(4, 8, HEADS),
+        boundary_lengths(rng).reshape(4, 8),
+    )
+    specs = (P("data"), P("data", "model"), P("data"), P("data"))
+    sharded = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(batched, specs)]
+    fn = jax.jit(
+        jax.vmap(lambda a, b, c, d, v: jax_topk.indexer_topk(a, b, c, d, k=40, num_valid_rows=v))
+    )
+    valid = np.array([3, 8, 0, 5], np.int32)
+    got = fn(*sharded, valid)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(fn(*batched, valid)))
+    assert assert_only_candidates_move(fn, (*sharded, valid), N // 4) > 0
+    return 1
 
 
 def main():
@@ -106,7 +233,13 @@ def main():
             np.testing.assert_array_equal(np.asarray(got), np.asarray(fn(*batched, valid)))
             checks += 1
         assert_no_gather(fn, (*sharded, put(np.array([3, 8, 0, 5], np.int32), P("data"))))
-    print(f"indexer sharding: {checks} sharded calls equal the unsharded ones, no all-gather")
+    print(f"indexer sharding: {checks} row-sharded calls equal the unsharded ones, no all-gather")
+    checks = sum(check_key_layout(*layout, rng) for layout in KEY_LAYOUTS)
+    checks += check_key_sharded_sequences(rng)
+    print(
+        f"indexer context parallelism ({_sharding.COLUMN_MERGE}): {checks} key-sharded calls "
+        "equal the unsharded ones, only the candidates cross devices"
+    )
 
 
 if __name__ == "__main__":
