@@ -27,7 +27,7 @@ from tests.checks.column_sharding import (  # noqa: E402
     assert_only_candidates_move,
     boundary_lengths,
 )
-from tests.support.indexer import make_inputs  # noqa: E402
+from tests.support.indexer import FP8, make_inputs  # noqa: E402
 from tests.support.operators import permuted_page_table  # noqa: E402
 
 INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
@@ -62,11 +62,12 @@ def winners_on_one_shard(rng):
 
 
 def key_families(rng):
-    """Ties across shards (repeated keys, zero heads), winners on one shard, and random bit
-    patterns (NaN and infinite logits)."""
+    """Ties across shards (repeated keys, zero heads), winners on one shard, random bit
+    patterns (NaN and infinite logits), and float8 keys."""
     named = ("repeated_keys", "zero_heads", "random_bits")
     inputs = [make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family=f) for f in named]
-    return [*inputs, winners_on_one_shard(rng)]
+    fp8 = make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family="repeated_keys", dtype=FP8)
+    return [*inputs, winners_on_one_shard(rng), fp8]
 
 
 def assert_nothing_moves(fn, args):
@@ -115,7 +116,7 @@ def check_key_layout(shape, names, row_axis, key_axis, axis_type, rng):
             np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32), f"logits {index}"
         )
         assert got.sharding.spec[1] == key_axis, got.sharding
-        valid = (ROWS, 0, 13, -1)[index]
+        valid = (ROWS, 0, 13, -1, INT32_MAX)[index]
         got = per_row(*sharded, sharded_scales, put(table, P(row_axis, None)), np.int32(valid))
         want = per_row(*plain, scales, table, np.int32(valid))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"topk {index}")
