@@ -5,7 +5,9 @@ all-gathers q (the keys, given replicated, stay so). Context parallelism: the ke
 over N on 2, 4 and 8 devices, and rows x keys on 2 x 4, equal the unsharded call bit for
 bit (the CPU handler's logits do not depend on the device computing them) over adversarial
 keys and lengths at each shard boundary; indexer_logits moves nothing between devices and
-indexer_topk only the candidates (JAX_TOPK_COLUMN_MERGE=tree: the tree of merges)."""
+indexer_topk only the candidates (JAX_TOPK_COLUMN_MERGE=tree: the tree of merges). The
+pure-JAX lowering's key-sharded logits meet the accuracy bound (its dot over a shard may sum
+in another order)."""
 
 import os
 
@@ -18,7 +20,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_topk  # noqa: E402
-from jax_topk import _sharding  # noqa: E402
+from jax_topk import _lowering, _sharding  # noqa: E402
 from tests.checks.column_sharding import (  # noqa: E402
     COLLECTIVES,
     PAGE_SIZE,
@@ -27,7 +29,7 @@ from tests.checks.column_sharding import (  # noqa: E402
     assert_only_candidates_move,
     boundary_lengths,
 )
-from tests.support.indexer import FP8, make_inputs  # noqa: E402
+from tests.support.indexer import FP8, TOLERANCE, make_inputs, reference_logits  # noqa: E402
 from tests.support.operators import permuted_page_table  # noqa: E402
 
 INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
@@ -154,6 +156,29 @@ def check_key_sharded_sequences(rng):
     return 1
 
 
+def check_fallback_key_sharding(rng):
+    """The pure-JAX lowering with the keys over 4 devices: XLA's dot over a shard may sum
+    in another order, so the logits meet the accuracy bound (not the unsharded bits); with
+    exact sums (small integers) indexer_topk equals the unsharded call bit for bit."""
+    mesh = jax.make_mesh((4,), ("model",), axis_types=(jax.sharding.AxisType.Explicit,))
+    split = NamedSharding(mesh, P("model", None))
+    lengths = boundary_lengths(rng)
+    with _lowering.forced_fallback():
+        q, keys, weights = make_inputs(rng, ROWS, HEADS, HEAD_DIM, N)
+        got = jax.jit(jax_topk.indexer_logits)(q, jax.device_put(keys, split), weights, lengths)
+        got, (want, scale) = np.asarray(got), reference_logits(q, keys, weights, lengths)
+        past = np.isinf(want)
+        np.testing.assert_array_equal(got[past], want[past])
+        assert np.all(np.abs(got[~past] - want[~past]) <= TOLERANCE[q.dtype] * scale[~past])
+        q, keys, weights = make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family="integers")
+        fn = jax.jit(lambda a, b, c, d: jax_topk.indexer_topk(a, b, c, d, k=40, sorted=True))
+        sharded = (q, jax.device_put(keys, split), weights, lengths)
+        got = fn(*sharded)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(fn(q, keys, weights, lengths)))
+        assert assert_only_candidates_move(fn, sharded, N // 4) > 0
+    return 2
+
+
 def main():
     assert len(jax.devices()) == 8, jax.devices()
     rng = np.random.default_rng(31)
@@ -237,6 +262,7 @@ def main():
     print(f"indexer sharding: {checks} row-sharded calls equal the unsharded ones, no all-gather")
     checks = sum(check_key_layout(*layout, rng) for layout in KEY_LAYOUTS)
     checks += check_key_sharded_sequences(rng)
+    checks += check_fallback_key_sharding(rng)
     print(
         f"indexer context parallelism ({_sharding.COLUMN_MERGE}): {checks} key-sharded calls "
         "equal the unsharded ones, only the candidates cross devices"
