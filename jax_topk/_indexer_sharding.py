@@ -39,7 +39,8 @@ _partitioned_call = custom_partitioning(_bind, static_argnums=(0,))
 
 def _layout(mesh, arg_shapes):
     """(batch axes, query axes, key axes): the mesh axes B and M of q and N of the keys are
-    split over, or None. Keys split over an axis of the rows' are gathered."""
+    split over, or None. Keys split over an axis of the rows' are gathered (under Shardy the
+    propagation may have settled such a conflict before, by gathering q's rows instead)."""
     operands = IndexerOperands(*arg_shapes)
     q, keys = operands.q, operands.keys
     if not isinstance(q.sharding, NamedSharding):
