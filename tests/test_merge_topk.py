@@ -269,3 +269,58 @@ def test_wide_rows_gpu_equals_cpu(dtype, lists, per_list, k):
     for sorted_ in (True, False):
         got = run_merge("gpu", values, indices, k, sorted_)
         assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")
+
+
+def register_kernel_rows(rng, rows, width, dtype):
+    """Rows for the row-in-registers merge kernel, the row kind cycling with the row (so each
+    persistent block meets every path in turn): 0 1500 candidates (all of a shorter row), keys
+    from -inf to +inf and columns from 0 to 2^31 - 2 (at k >= 1500 a 63-bit order code) with
+    200 ties (a crowded bucket: the 64-bit cub sort); 1 four distinct values (a boundary bin
+    over 2048: the column select over the registers); 2 random bit patterns (NaN included)
+    with -1 entries; 3 no candidate; 4 one (value, column) pair everywhere; 5 NaN but for 100
+    entries."""
+    dtype = jnp.dtype(dtype)
+    unsigned = np.dtype(f"uint{dtype.itemsize * 8}")
+    top = np.iinfo(np.int32).max
+    values = np.empty((rows, width), dtype)
+    columns = np.empty((rows, width), np.int32)
+    for r in range(rows):
+        kind = r % 6
+        col = np.sort(rng.integers(0, top - width, width)) + np.arange(width)  # distinct
+        col[0], col[-1] = 0, top - 1
+        col = col.astype(np.int32)
+        v = (rng.standard_normal(width) * 100).astype(dtype)
+        if kind == 0:
+            col[1499 : width - 1] = -1  # columns 0 and 2^31 - 2 stay candidates
+            v[1:201], v[201], v[202] = 3.0, np.inf, -np.inf
+        elif kind == 1:
+            v = rng.integers(0, 4, width).astype(dtype)
+        elif kind == 2:
+            v = rng.integers(0, np.iinfo(unsigned).max, width, dtype=unsigned, endpoint=True)
+            v = v.view(dtype)
+            col[rng.random(width) < 0.1] = -1
+        elif kind == 3:
+            col[:] = -1
+        elif kind == 4:
+            v[:], col[:] = v[0], col[0]
+        else:
+            v[100:] = np.nan
+        order = rng.permutation(width)
+        values[r], columns[r] = v[order], col[order]
+    return values, columns
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("width,k", [(16384, 2048), (16383, 2048), (16384, 1), (257, 200)])
+def test_register_kernel_rows_past_the_grid_gpu_equals_cpu(dtype, width, k):
+    """The row-in-registers merge kernel (m <= 16384) against the CPU handler bit for bit on
+    more rows than any GPU has SMs (each persistent block takes several rows in turn, its
+    shared state reset between them), with the extreme order codes and crowded buckets of
+    register_kernel_rows; vector loads (m % 4 == 0) and scalar ones."""
+    rows = 6 * 160 + 5  # > 132 SMs of an H200, several rows a block
+    values, indices = register_kernel_rows(np.random.default_rng(width + k), rows, width, dtype)
+    for sorted_ in (True, False):
+        got = run_merge("gpu", values, indices, k, sorted_)
+        assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")
