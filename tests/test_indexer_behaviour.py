@@ -10,7 +10,7 @@ import pytest
 
 import jax_topk
 from tests.support.indexer import FP8, logits_then_topk, make_inputs
-from tests.support.operators import permuted_page_table
+from tests.support.operators import K_ERRORS, PAGE_TABLE_ERRORS, permuted_page_table
 
 BATCH, QUERIES, HEADS, HEAD_DIM, KEYS = 3, 5, 2, 16, 300
 
@@ -232,24 +232,10 @@ def test_input_errors(op, overrides, error, words):
 
 @pytest.mark.parametrize(
     "overrides,error,words",
-    [
-        (dict(k=0), ValueError, ["k=0", "2048"]),
-        (dict(k=2049), ValueError, ["k=2049", "2048"]),
-        (dict(k=3.0), TypeError, ["k"]),
+    K_ERRORS
+    + PAGE_TABLE_ERRORS
+    + [
         (dict(sorted=1), TypeError, ["sorted"]),
-        (
-            dict(page_size=3, page_table=jnp.zeros((4, 64), jnp.int32)),
-            ValueError,
-            ["page_size=3", "power of two"],
-        ),
-        (
-            dict(page_table=jnp.zeros((4, 3), jnp.int32), page_size=16),
-            ValueError,
-            ["page_table", "3 * 16", "n = 64"],
-        ),
-        (dict(page_table=jnp.zeros((5, 64), jnp.int32)), ValueError, ["page_table", "(5, 64)"]),
-        (dict(table_rows=jnp.zeros((4,), jnp.int32)), ValueError, ["table_rows", "page_table"]),
-        (dict(page_table=jnp.zeros((4, 64), jnp.float32)), TypeError, ["page_table", "int32"]),
         (dict(num_valid_rows=jnp.zeros((2,), jnp.int32)), ValueError, ["num_valid_rows", "scalar"]),
     ],
 )

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 import jax_topk
-from tests.support.operators import OPS, SCORE_DTYPES, make_scores, permuted_page_table
+from tests.support.operators import (
+    K_ERRORS,
+    OPS,
+    PAGE_TABLE_ERRORS,
+    SCORE_DTYPES,
+    make_scores,
+    permuted_page_table,
+)
 from tests.support.reference import reference_topk
 
 
@@ -131,25 +138,13 @@ def _call(op, **overrides):
 
 @pytest.mark.parametrize(
     "overrides,error,words",
-    [
-        (dict(k=0), ValueError, ["k=0", "2048"]),
-        (dict(k=2049), ValueError, ["k=2049", "2048"]),
-        (dict(k=3.0), TypeError, ["k"]),
+    K_ERRORS
+    + [
         (dict(lengths=jnp.zeros((5,), jnp.int32)), ValueError, ["lengths", "(5,)", "(4,)"]),
         (dict(lengths=jnp.zeros((4,), jnp.float32)), TypeError, ["lengths", "float32"]),
-        (
-            dict(page_size=3, page_table=jnp.zeros((4, 64), jnp.int32)),
-            ValueError,
-            ["page_size=3", "power of two"],
-        ),
-        (
-            dict(page_table=jnp.zeros((4, 3), jnp.int32), page_size=16),
-            ValueError,
-            ["page_table", "3 * 16", "n = 64"],
-        ),
-        (dict(page_table=jnp.zeros((5, 64), jnp.int32)), ValueError, ["page_table", "(5, 64)"]),
-        (dict(table_rows=jnp.zeros((4,), jnp.int32)), ValueError, ["table_rows", "page_table"]),
-        (dict(page_table=jnp.zeros((4, 64), jnp.float32)), TypeError, ["page_table", "int32"]),
+    ]
+    + PAGE_TABLE_ERRORS
+    + [
         (
             dict(
                 scores=jnp.zeros((2, 3, 64)), lengths=jnp.zeros((2, 3), jnp.int32), num_valid_rows=1

@@ -4,6 +4,7 @@ backend with its arrays placed there."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import jax_topk
@@ -51,3 +52,28 @@ def permuted_page_table(rng, table_rows, pages):
     return np.stack([rng.permutation(pages * 4)[:pages] for _ in range(table_rows)]).astype(
         np.int32
     )
+
+
+# Trace-time errors of the arguments every selecting operator shares, as (overrides, error,
+# words in the message) for calls of 4 score rows of n = 64: k's range and type, and the page
+# table's checks (docs/contract.md section 5).
+K_ERRORS = [
+    (dict(k=0), ValueError, ["k=0", "2048"]),
+    (dict(k=2049), ValueError, ["k=2049", "2048"]),
+    (dict(k=3.0), TypeError, ["k"]),
+]
+PAGE_TABLE_ERRORS = [
+    (
+        dict(page_size=3, page_table=jnp.zeros((4, 64), jnp.int32)),
+        ValueError,
+        ["page_size=3", "power of two"],
+    ),
+    (
+        dict(page_table=jnp.zeros((4, 3), jnp.int32), page_size=16),
+        ValueError,
+        ["page_table", "3 * 16", "n = 64"],
+    ),
+    (dict(page_table=jnp.zeros((5, 64), jnp.int32)), ValueError, ["page_table", "(5, 64)"]),
+    (dict(table_rows=jnp.zeros((4,), jnp.int32)), ValueError, ["table_rows", "page_table"]),
+    (dict(page_table=jnp.zeros((4, 64), jnp.float32)), TypeError, ["page_table", "int32"]),
+]
