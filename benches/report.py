@@ -39,6 +39,11 @@ def load(path: str) -> list[dict]:
     return records
 
 
+def load_cub(path: str) -> list[dict]:
+    with open(path) as f:
+        return json.load(f)
+
+
 def merge(old: list[dict], new: list[dict], order: list[tuple]) -> list[dict]:
     """`old` with the records of `new`'s shapes replaced and `new`'s other records added,
     in the grid's `order` (keys not in it last). Refuses to mix devices."""
@@ -144,6 +149,42 @@ def _indexer_section(records: list[dict]) -> str:
         "topk_filtered(indexer_logits) bit for bit and the JAX path's two top-ks agree; for "
         "indexer_logits, within twice SPEC section 9's bound of a float32 reference (first "
         "and last 8 rows).\n\n" + "\n".join(lines)
+    )
+
+
+def cub_path(json_path: str) -> str:
+    """Where benches/probes/cub_batched_topk.sh's records for this results file lie."""
+    return os.path.splitext(json_path)[0] + "_cub.json"
+
+
+def cub_section(records: list[dict], cub_records: list[dict]) -> str:
+    """CUB's top-k (benches/probes/cub_batched_topk.cu) beside ours on the same shapes."""
+    ours = {}
+    for r in records:
+        if r["op"] in ("topk_filtered", "topk_bf16"):
+            ours.setdefault((r["dtype"], r["rows"], r["n"], r["k"], r["lengths"]), r)
+    lines = [
+        "| dtype | rows | n | k | lengths | ours (us) | CUB (us) | CUB's call | CUB / ours | "
+        "CUB's keys checked |",
+        "|" + " --- |" * 10,
+    ]
+    for c in cub_records:
+        mine = ours.get((c["dtype"], c["rows"], c["n"], c["k"], c["lengths"]))
+        ratio = f"{c['median_us'] / mine['ours_us']:.2f}" if mine else "-"
+        lines.append(
+            f"| {c['dtype']} | {c['rows']} | {c['n']} | {c['k']} | {c['lengths']} | "
+            f"{_fmt(mine['ours_us'] if mine else None)} | {_fmt(c['median_us'])} | "
+            f"{c['peer']} | {ratio} | {'yes' if c['keys_checked'] else 'NO'} |"
+        )
+    return (
+        "### CUB's top-k on the latency shapes (issue 16)\n\n"
+        "CCCL 3.5 (the nvidia-cuda-cccl wheel) on random normal rows of the same shapes: "
+        "cub::DeviceBatchedTopK where a row fits one block (n <= 8192), else cub::DeviceTopK "
+        "once a row; both only offer unsorted output with unspecified ties, a weaker "
+        "contract than ours. CUB's time is a CUDA graph of the call replayed between CUDA "
+        "events (the median of 15 batches of 20); ours is the table's device time (bf16 rows "
+        "are topk_bf16's, page size 64). 'keys checked': CUB's selected keys are each row's "
+        "k largest.\n\n" + "\n".join(lines)
     )
 
 
@@ -274,6 +315,8 @@ def write_report(records: list[dict], json_path: str, this_run: str | None = Non
             f.write(f"Last updated by: `{this_run}`\n\n")
         f.write(_describe(records))
         f.write(format_table(records) + "\n")
+        if os.path.exists(cub_path(json_path)):
+            f.write("\n" + cub_section(records, load_cub(cub_path(json_path))) + "\n")
     try:
         import matplotlib
 
