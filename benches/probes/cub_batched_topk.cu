@@ -4,7 +4,8 @@
 // events around each batch of replays. cub::DeviceBatchedTopK takes rows of at most 8192 (one
 // block a row; its 16384-wide tuning does not fit a block's shared memory with int32 values, a
 // compile-time error), so issue 16's rows (16384 and longer) go to cub::DeviceTopK, one call a
-// row in the same graph (what a caller of CUB has for them); two 8192 shapes show the batched one.
+// row, the rows spread over up to 32 parallel streams in the same graph (what a caller of CUB
+// has for them); two 8192 shapes show the batched one.
 //   cub_batched_topk [--json PATH]
 // For each shape: float32 or bfloat16 rows of random normals (bf16 as its 16-bit pattern
 // through an order-preserving key: CUB sorts unsigned keys), lengths "full" or "causal"
@@ -41,6 +42,8 @@ namespace {
 
 // The longest row DeviceBatchedTopK takes (its dispatch is sized from this compile-time bound).
 constexpr int kMaxBatchedRow = 8192;
+// The most streams the DeviceTopK-a-row calls are spread over (rows beyond take turns).
+constexpr int kMaxLanes = 32;
 
 struct Shape {
   const char* dtype;  // "float32" or "bfloat16"
@@ -129,6 +132,23 @@ Timing RunShape(const Shape& shape, int seed) {
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto stream_env = cuda::std::execution::env{env, cuda::stream_ref{stream}};
   const bool batched = n <= kMaxBatchedRow;
+  // DeviceTopK a row: the rows spread over `lanes` streams forked from `stream` and joined back
+  // (a graph of parallel branches once captured), each lane with its own temporary storage.
+  const int lanes = batched ? 1 : static_cast<int>(std::min<size_t>(rows, kMaxLanes));
+  std::vector<cudaStream_t> lane_streams(lanes);
+  std::vector<cudaEvent_t> lane_done(lanes);
+  for (int lane = 0; lane < lanes; ++lane) {
+    CHECK(cudaStreamCreateWithFlags(&lane_streams[lane], cudaStreamNonBlocking));
+    CHECK(cudaEventCreateWithFlags(&lane_done[lane], cudaEventDisableTiming));
+  }
+  cudaEvent_t forked;
+  CHECK(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+  auto top_k_of_row = [&](size_t r, void* temp, size_t& bytes, cudaStream_t on) {
+    CHECK(cub::DeviceTopK::MaxPairs(temp, bytes, keys_in + r * n, keys_out + r * k,
+                                    cuda::make_counting_iterator(int32_t{0}), columns_out + r * k,
+                                    lengths[r], static_cast<int>(k),
+                                    cuda::std::execution::env{env, cuda::stream_ref{on}}));
+  };
   size_t temp_bytes = 0;
   if (batched) {
     CHECK(cub::DeviceBatchedTopK::MaxPairs(nullptr, temp_bytes, rows_in, rows_out, columns_in,
@@ -137,14 +157,13 @@ Timing RunShape(const Shape& shape, int seed) {
   } else {
     for (size_t r = 0; r < rows; ++r) {
       size_t row_bytes = 0;
-      CHECK(cub::DeviceTopK::MaxPairs(nullptr, row_bytes, keys_in + r * n, keys_out + r * k,
-                                      cuda::make_counting_iterator(int32_t{0}), columns_out + r * k,
-                                      lengths[r], static_cast<int>(k), stream_env));
+      top_k_of_row(r, nullptr, row_bytes, stream);
       temp_bytes = std::max(temp_bytes, row_bytes);
     }
   }
-  void* temp;
-  CHECK(cudaMalloc(&temp, std::max<size_t>(temp_bytes, 1)));
+  const size_t temp_stride = (std::max<size_t>(temp_bytes, 1) + 255) / 256 * 256;
+  char* temp;
+  CHECK(cudaMalloc(&temp, temp_stride * lanes));
   auto call = [&] {
     if (batched) {
       CHECK(cub::DeviceBatchedTopK::MaxPairs(temp, temp_bytes, rows_in, rows_out, columns_in,
@@ -152,11 +171,15 @@ Timing RunShape(const Shape& shape, int seed) {
                                              stream_env));
       return;
     }
-    for (size_t r = 0; r < rows; ++r) {  // one temp storage: the calls run in stream order
-      size_t row_bytes = temp_bytes;
-      CHECK(cub::DeviceTopK::MaxPairs(temp, row_bytes, keys_in + r * n, keys_out + r * k,
-                                      cuda::make_counting_iterator(int32_t{0}), columns_out + r * k,
-                                      lengths[r], static_cast<int>(k), stream_env));
+    CHECK(cudaEventRecord(forked, stream));
+    for (int lane = 0; lane < lanes; ++lane) {
+      CHECK(cudaStreamWaitEvent(lane_streams[lane], forked, 0));
+      for (size_t r = lane; r < rows; r += lanes) {  // a lane's rows run in its stream's order
+        size_t bytes = temp_bytes;
+        top_k_of_row(r, temp + lane * temp_stride, bytes, lane_streams[lane]);
+      }
+      CHECK(cudaEventRecord(lane_done[lane], lane_streams[lane]));
+      CHECK(cudaStreamWaitEvent(stream, lane_done[lane], 0));
     }
   };
 
@@ -202,8 +225,14 @@ Timing RunShape(const Shape& shape, int seed) {
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
   CHECK(cudaStreamDestroy(stream));
-  for (void* p : {static_cast<void*>(keys_in), static_cast<void*>(keys_out),
-                  static_cast<void*>(columns_out), static_cast<void*>(device_lengths), temp})
+  for (int lane = 0; lane < lanes; ++lane) {
+    CHECK(cudaStreamDestroy(lane_streams[lane]));
+    CHECK(cudaEventDestroy(lane_done[lane]));
+  }
+  CHECK(cudaEventDestroy(forked));
+  for (void* p :
+       {static_cast<void*>(keys_in), static_cast<void*>(keys_out), static_cast<void*>(columns_out),
+        static_cast<void*>(device_lengths), static_cast<void*>(temp)})
     CHECK(cudaFree(p));
   return {us[us.size() / 2], us.front(), temp_bytes, checked, batched};
 }
