@@ -26,6 +26,7 @@
 
 #include <type_traits>
 
+#include "kernels/filtered/probe.cuh"
 #include "kernels/filtered/sources.cuh"
 #include "kernels/topk_scan.cuh"
 
@@ -253,6 +254,10 @@ __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Sourc
           static_cast<int>(first.total)};
 }
 
+// The most members a rank by the whole block takes (RankInBlock): a thread a member.
+constexpr int kBlockRankMembers = 256;
+static_assert(kBlockRankMembers <= kThreadsPerBlock, "a thread a member");
+
 // 2048 bins relative to a cutoff (> 0), spanning [cutoff, largest]: keys past largest fall in the
 // last bin, keys below the cutoff (kept under a +-0 threshold) in the first. A rank in a bin of
 // a few candidates is then ranked directly; the first and last bins never settle one.
@@ -276,6 +281,11 @@ struct RelativeBins {
   // Whether the rank's bin, of `count` candidates, is one a warp ranks.
   __device__ __forceinline__ static bool Settles(const BinFound& found) {
     return found.bin != 0 && found.bin != kLastBin && found.count <= kWarpSize;
+  }
+  // Whether it is one the block ranks (a 16-bit row's k-th key alone often has 33-200 ties).
+  __device__ __forceinline__ static bool SettlesInBlock(const BinFound& found) {
+    return found.bin != 0 && found.bin != kLastBin && found.count > kWarpSize &&
+           found.count <= kBlockRankMembers;
   }
   static constexpr uint32_t kLastBin = kDigitBins - 1;
 };
@@ -308,6 +318,32 @@ __device__ __forceinline__ WarpRank RankInWarp(uint32_t key, uint32_t col, int g
   return {greater, equal, equal_before};
 }
 
+// The rank-th largest of the `count` values in s.work.frontier (0 < rank <= count <=
+// kBlockRankMembers) as {value, how many of it make up rank, how many equal it}: thread t counts
+// the members above member t and equal to it, and the first member of the rank's value answers.
+// A few hundred members cost each of their threads one pass over them, where two more radix
+// digits cost four histogram searches and their barriers. A barrier follows.
+__device__ __forceinline__ BinFound RankInBlock(SharedStorage& s, int count, int rank) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < count) {
+    const uint32_t mine = s.work.frontier[t];
+    int greater = 0;
+    int equal = 0;
+    int equal_before = 0;
+    for (int other = 0; other < count; ++other) {
+      const uint32_t value = s.work.frontier[other];
+      greater += value > mine;
+      equal += value == mine;
+      equal_before += value == mine && other < t;
+    }
+    if (equal_before == 0 && greater < rank && rank <= greater + equal) {
+      s.found[0] = {mine, static_cast<uint32_t>(rank - greater), static_cast<uint32_t>(equal)};
+    }
+  }
+  __syncthreads();
+  return s.found[0];
+}
+
 // Adds this block's candidates to s.hist in relative bins; a barrier follows.
 __device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const CandidateSource& source,
                                                   const RelativeBins& bins) {
@@ -332,12 +368,22 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
     return {0, 0, 0, true, static_cast<int>(first.total)};
   const uint32_t group_bin = first.a.bin;
   const int group = static_cast<int>(first.a.count);
-  if (!RelativeBins::Settles(first.a)) return FindRankValue(s, source, KeyOfValue{}, rank);
+  const bool by_block = RelativeBins::SettlesInBlock(first.a) && !ProbeOn(s, kProbeOldSelection);
+  if (!RelativeBins::Settles(first.a) && !by_block) {
+    ProbeCount(s, kCountDigitRank);
+    return FindRankValue(s, source, KeyOfValue{}, rank);
+  }
+  ProbeCount(s, by_block ? kCountBlockRank : kCountWarpRank);
   const int remaining = rank - static_cast<int>(first.a.above);
   CompactCandidatesToFrontier(
       s, source,
       [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
       [](uint32_t bits, int32_t) { return OrderedKeyF32(bits); });
+  if (by_block) {
+    const BinFound kth = RankInBlock(s, group, remaining);  // {key, quota, group}
+    return {kth.bin, static_cast<int>(kth.above), static_cast<int>(kth.count), false,
+            static_cast<int>(first.total)};
+  }
   if (threadIdx.x < kWarpSize) {  // each member counts the members above it and equal to it
     const int lane = threadIdx.x;
     const uint32_t key = lane < group ? s.work.frontier[lane] : 0u;
@@ -424,8 +470,24 @@ __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& 
   Wins wins{0, 0};  // kth.all: every valid key is above 0
   if (!kth.all) {
     wins = {kth.value, 0xFFFFFFFFu};
-    if (kth.quota < kth.group)
+    if (kth.quota < kth.group) {
+      // The quota-th lowest column of the k-th key: the quota-th largest complemented column.
+      bool by_block = false;
+      if constexpr (std::is_same_v<Source, CandidateSource>)
+        by_block = kth.group <= kBlockRankMembers && !ProbeOn(s, kProbeOldSelection);
+      ProbeCount(s, by_block ? kCountTieBlock : kCountTieDigits);
+      if constexpr (std::is_same_v<Source, CandidateSource>) {
+        if (by_block) {
+          const uint32_t key = kth.value;
+          CompactCandidatesToFrontier(
+              s, source, [&](uint32_t bits, int32_t) { return OrderedKeyF32(bits) == key; },
+              [](uint32_t, int32_t col) { return ~static_cast<uint32_t>(col); });
+          wins.column_limit = ~RankInBlock(s, kth.group, kth.quota).bin;
+          return {wins, kth.all, kth.total, k};
+        }
+      }
       wins.column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
+    }
   }
   return {wins, kth.all, kth.total, k};
 }
