@@ -17,18 +17,18 @@ echo "built in $(($(date +%s) - start)) s"
 nvcc -std=c++17 -arch=sm_90a -I cuda tests/native/packed_threshold_check.cu -o /tmp/ptcheck &&
   /tmp/ptcheck
 (
-  timeout 115 python3 -m pytest -m gpu -q -n 6 tests/test_top_k.py tests/test_adversarial.py \
+  timeout 75 python3 -m pytest -m gpu -q -n 5 tests/test_top_k.py tests/test_adversarial.py \
     tests/test_contract.py >"$out/pytest.log" 2>&1
   echo "pytest (top_k, adversarial, contract) rc=$?" >>"$out/pytest.log"
 ) &
 (
-  timeout 115 python3 -m pytest -m gpu -q -n 2 tests/test_gpu_stress.py \
+  timeout 75 python3 -m pytest -m gpu -q -n 5 tests/test_gpu_stress.py \
     -k "16bit or values_match" >"$out/stress.log" 2>&1
   echo "pytest (gpu_stress subset) rc=$?" >>"$out/stress.log"
 ) &
 (
   for tool in memcheck racecheck; do
-    timeout 57 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    timeout 45 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       python3 -m tests.checks.sanitizer filtered16 >"$out/sanitizer-$tool.log" 2>&1
     echo "compute-sanitizer $tool rc=$?" >>"$out/sanitizer-$tool.log"
   done
@@ -36,6 +36,6 @@ nvcc -std=c++17 -arch=sm_90a -I cuda tests/native/packed_threshold_check.cu -o /
 wait
 for f in pytest stress sanitizer-memcheck sanitizer-racecheck; do tail -3 "$out/$f.log"; done
 echo "tests done at $(($(date +%s) - start)) s"
-timeout 125 python3 -m benches.probes.filtered_phases --stamps 2>&1 | grep -v "^[WI]0\|^E0" |
+timeout 60 python3 -m benches.probes.filtered_phases --stamps 2>&1 | grep -v "^[WI]0\|^E0" |
   tee "$out/phases.log"
 echo "all done at $(($(date +%s) - start)) s"

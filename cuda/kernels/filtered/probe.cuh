@@ -20,7 +20,7 @@ namespace {
 enum ProbeFlag : int {
   kProbeOld16BitLoop = 1,  // the 16-bit filtering tile widened a value at a time
   kProbeStamps = 2,        // phase stamps and route counts, printed by the launch's last block
-  kProbeOldSelection = 4,  // bins of 33+ candidates and tie groups by radix digits only
+  kProbeOldSelection = 4,  // crowded bins and tie groups of 33+ by radix digits only
 };
 
 enum ProbePhase : int {
@@ -41,8 +41,10 @@ enum ProbeCounter : int {
   kCountExact,        // rows that took the exact route
   kCountWarpRank,     // k-th key ranked by one warp in its relative bin
   kCountBlockRank,    // ... by the block (33 to kBlockRankMembers members)
+  kCountOneKeyBin,    // ... read off a crowded bin of one key
   kCountDigitRank,    // ... by three radix digits
   kCountTieBlock,     // tie quota by the block
+  kCountTieBitmap,    // tie quota by a bitmap of the tie group's columns
   kCountTieDigits,    // tie quota by three radix digits
   kCountBucketSpill,  // sorted rows whose rank-order buckets overflowed to the radix sort
   kCountKept,         // candidates of the band taken, summed over rows
@@ -127,14 +129,15 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   printf(
       "probe grid=%u rows=%llu us/row/block: queue %.2f sample %.2f pass %.2f select %.2f "
       "put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu exact %llu; rank "
-      "warp %llu block %llu digits %llu; ties block %llu digits %llu; bucket spills %llu; "
-      "kept/row %.0f\n",
+      "warp %llu block %llu one-key bin %llu digits %llu; ties block %llu bitmap %llu digits "
+      "%llu; bucket spills %llu; kept/row %.0f\n",
       gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3, ns[kPhaseSample] / rows / 1e3,
       ns[kPhasePass] / rows / 1e3, ns[kPhaseSelect] / rows / 1e3, ns[kPhasePut] / rows / 1e3,
       ns[kPhaseExact] / rows / 1e3, ns[kPhaseWrite] / rows / 1e3, ns[kPhaseTail] / 1e3,
       counts[kCountSecondary], counts[kCountExact], counts[kCountWarpRank], counts[kCountBlockRank],
-      counts[kCountDigitRank], counts[kCountTieBlock], counts[kCountTieDigits],
-      counts[kCountBucketSpill], counts[kCountKept] / rows);
+      counts[kCountOneKeyBin], counts[kCountDigitRank], counts[kCountTieBlock],
+      counts[kCountTieBitmap], counts[kCountTieDigits], counts[kCountBucketSpill],
+      counts[kCountKept] / rows);
 #else
   (void)s;
 #endif
