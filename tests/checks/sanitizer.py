@@ -70,6 +70,9 @@ def _filtered_16bit_cases(gpu, cpu, rng):
         (rng.standard_normal((300, 20_000), np.float32).astype(bf16), 2048),
         (rng.standard_normal((300, 20_000), np.float32).astype(f16), 512),
         (np.round(rng.standard_normal((8, 70_000), np.float32) * 16).astype(bf16) / 16, 2048),
+        # Tie groups of the k-th key over 256 (the bitmap quota; a crowded bin of one key).
+        (np.round(rng.standard_normal((8, 70_000), np.float32) * 8).astype(bf16) / 8, 2048),
+        (np.round(rng.standard_normal((300, 20_000), np.float32) * 4).astype(f16) / 4, 512),
         (_nan_and_zero_rows(rng, 12, 40_001), 2048),
         (_nan_and_zero_rows(rng, 12, 40_001).astype(f16), 64),
         (_periodic_rows(rng, 40, 40_003).astype(bf16), 2048),
