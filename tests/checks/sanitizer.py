@@ -1,8 +1,9 @@
 """A representative call of each CUDA kernel (top_k's routes with values included, the
 indexer's), small enough to run under compute-sanitizer
 (`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu; `... sanitizer merge` runs
-merge_topk's alone): checks the result against the CPU handler too, bit for bit (the
-indexer's logits within the SPEC's bound of it)."""
+merge_topk's alone, `... sanitizer filtered16` the filtered kernel's 16-bit rows alone): checks
+the result against the CPU handler too, bit for bit (the indexer's logits within the SPEC's
+bound of it)."""
 
 import sys
 
@@ -61,9 +62,47 @@ def _merge_cases(gpu, cpu, rng):
                     )
 
 
+def _filtered_16bit_cases(gpu, cpu, rng):
+    """topk_filtered and top_k on 16-bit rows alone (the packed filtering tile, crowded k-th
+    bins and tie groups ranked by the block): queue rows, split rows, ties, specials."""
+    bf16, f16 = jax.numpy.bfloat16, np.float16
+    cases = [
+        (rng.standard_normal((300, 20_000), np.float32).astype(bf16), 2048),
+        (rng.standard_normal((300, 20_000), np.float32).astype(f16), 512),
+        (np.round(rng.standard_normal((8, 70_000), np.float32) * 16).astype(bf16) / 16, 2048),
+        # Tie groups of the k-th key over 256 (the bitmap quota; a crowded bin of one key).
+        (np.round(rng.standard_normal((8, 70_000), np.float32) * 8).astype(bf16) / 8, 2048),
+        (np.round(rng.standard_normal((300, 20_000), np.float32) * 4).astype(f16) / 4, 512),
+        (_nan_and_zero_rows(rng, 12, 40_001), 2048),
+        (_nan_and_zero_rows(rng, 12, 40_001).astype(f16), 64),
+        (_periodic_rows(rng, 40, 40_003).astype(bf16), 2048),
+    ]
+    for scores, k in cases:
+        rows, n = scores.shape
+        lengths = rng.integers(-1, n + 2, size=rows).astype(np.int32)
+        for sorted_ in (True, False):
+            calls = (
+                lambda s, lens, k=k, o=sorted_: jax_topk.top_k(s, k, lengths=lens, sorted=o),
+                lambda s, lens, k=k, o=sorted_: jax_topk.topk_filtered(s, lens, k=k, sorted=o),
+            )
+            for fn in calls:
+                call = jax.jit(fn)
+                got = jax.tree.leaves(call(*jax.device_put((scores, lengths), gpu)))
+                want = jax.tree.leaves(call(*jax.device_put((scores, lengths), cpu)))
+                for a, b in zip(got, want):
+                    a, b = np.asarray(a), np.asarray(b)
+                    np.testing.assert_array_equal(
+                        a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")
+                    )
+
+
 def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(60)
+    if sys.argv[1:] == ["filtered16"]:  # the filtered kernel's 16-bit rows alone
+        _filtered_16bit_cases(gpu, cpu, rng)
+        print("sanitizer cases (16-bit filtered): ok")
+        return
     _merge_cases(gpu, cpu, rng)
     if sys.argv[1:] == ["merge"]:  # merge_topk's kernels alone
         print("sanitizer cases (merge_topk): ok")

@@ -4,6 +4,9 @@
 // distinct values stay distinct in the same total order (-0 stays -0, infinities stay, NaN stays
 // NaN), so a selection over the widened bits is the selection over the 16-bit ordered key, ties
 // included, and the values output narrows them back bit for bit (winners.cuh WriteValue).
+// The filtering pass tests 16-bit elements two at a time without widening them, against the
+// smallest element value >= its float32 threshold (PackedThreshold): a 16-bit IEEE compare
+// (AtLeast) then keeps exactly the elements whose widened value is >= the threshold.
 //
 // Contract: constants and pure functions only; every loader takes one RowElements<type> as its
 // template argument Elements.
@@ -38,6 +41,26 @@ struct RowElements<ScoreType::kBfloat16> {
   // instruction each.
   __device__ __forceinline__ static uint32_t WidenLow(uint32_t word) { return word << 16; }
   __device__ __forceinline__ static uint32_t WidenHigh(uint32_t word) { return word & 0xFFFF0000u; }
+  // The smallest bfloat16 >= threshold (a float32, not NaN), in both halves: a positive value
+  // between two bfloat16 rounds its magnitude up, a negative one truncates it.
+  __device__ __forceinline__ static uint32_t PackedThreshold(float threshold) {
+    const uint32_t bits = __float_as_uint(threshold);
+    const uint32_t rounded = (bits >> 16) + ((bits & 0xFFFFu) != 0 && (bits >> 31) == 0);
+    return rounded | (rounded << 16);
+  }
+  // 0xFFFF in each half of `word` whose element is >= the packed threshold's (an IEEE compare:
+  // NaN never, -0 == +0); one instruction for two elements on sm_90.
+  __device__ __forceinline__ static uint32_t AtLeast(uint32_t word, uint32_t packed_threshold) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t mask;
+    asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(mask) : "r"(word), "r"(packed_threshold));
+    return mask;
+#else
+    const float low = __uint_as_float(WidenLow(packed_threshold));
+    return (__uint_as_float(WidenLow(word)) >= low ? 0x0000FFFFu : 0u) |
+           (__uint_as_float(WidenHigh(word)) >= low ? 0xFFFF0000u : 0u);
+#endif
+  }
 };
 template <>
 struct RowElements<ScoreType::kFloat16> {
@@ -51,6 +74,18 @@ struct RowElements<ScoreType::kFloat16> {
   }
   __device__ __forceinline__ static uint32_t WidenHigh(uint32_t word) {
     return Widen(static_cast<unsigned short>(word >> 16));
+  }
+  // The smallest float16 >= threshold (a float32, not NaN; rounding up is exact and keeps
+  // subnormals), in both halves.
+  __device__ __forceinline__ static uint32_t PackedThreshold(float threshold) {
+    const uint32_t rounded = __half_as_ushort(__float2half_ru(threshold));
+    return rounded | (rounded << 16);
+  }
+  // 0xFFFF in each half of `word` whose element is >= the packed threshold's (an IEEE compare).
+  __device__ __forceinline__ static uint32_t AtLeast(uint32_t word, uint32_t packed_threshold) {
+    uint32_t mask;
+    asm("set.ge.u32.f16x2 %0, %1, %2;" : "=r"(mask) : "r"(word), "r"(packed_threshold));
+    return mask;
   }
 };
 

@@ -2,8 +2,8 @@
 // its own element type, widened to float32; the row pulled into L2 kPrefetchAhead columns ahead)
 // appends every value >= a threshold to a sink: s.candidates first, then this block's workspace
 // slice, counted past the slice's end so that the caller sees the overflow. Every thread tests its
-// 16 (float32) or 32 (16-bit) values into a bit mask; only a warp with a hit counts and appends,
-// and only a thread's hits cost more.
+// 16 (float32, one compare each) or 32 (16-bit, two a packed compare) values into a bit mask; only
+// a warp with a hit counts and appends, and only a thread's hits cost more.
 //
 // Contract: FilterColumns is called by every thread of the block with block-uniform arguments.
 // It owns s.kept (zeroed, then one atomic per warp) and writes s.candidates; a barrier opens it,
@@ -11,6 +11,7 @@
 // candidates is unspecified.
 #pragma once
 
+#include "kernels/filtered/probe.cuh"
 #include "kernels/filtered/sources.cuh"
 #include "kernels/topk_scan.cuh"
 
@@ -64,15 +65,13 @@ __device__ __forceinline__ Item SelectItem(const Item (&values)[kItems], int i) 
   }
 }
 
-// Appends this warp's hits (bit i of `hits`: this thread's item i is kept; item_bits(i) gives its
-// value bits); item i of a thread is column first_col + (i / kElems) * kStride + i % kElems
-// (kElems elements a chunk, kStride apart). One shared atomic per warp; then each thread walks
-// only its own hits, so a tile costs a compare per value plus a few instructions per hit, and
-// nothing past the vote when the warp has none.
-template <int kElems, int kStride, class ItemBits>
+// Appends this warp's hits (bit i of `hits`: this thread's item i is kept; candidate_of(i) gives
+// its (value bits, column)). One shared atomic per warp; then each thread walks only its own
+// hits, so a tile costs its compares plus a few instructions per hit, and nothing past the vote
+// when the warp has none.
+template <class CandidateOf>
 __device__ __forceinline__ void AppendHitMask(SharedStorage& s, const CandidateSink& sink,
-                                              uint32_t hits, uint32_t first_col,
-                                              const ItemBits& item_bits) {
+                                              uint32_t hits, const CandidateOf& candidate_of) {
   if (!__any_sync(kFullMask, hits != 0)) return;
   const int mine = __popc(hits);
   const int inclusive = WarpInclusiveSum(mine);
@@ -83,9 +82,7 @@ __device__ __forceinline__ void AppendHitMask(SharedStorage& s, const CandidateS
   int position = warp_base + inclusive - mine;
   const bool in_shared = warp_base + warp_total <= sink.shared_capacity;
   for (; hits != 0; hits &= hits - 1) {
-    const int i = __ffs(hits) - 1;
-    const uint32_t col = first_col + (i / kElems) * kStride + i % kElems;
-    const uint2 candidate = make_uint2(item_bits(i), col);
+    const uint2 candidate = candidate_of(__ffs(hits) - 1);
     if (in_shared) {
       s.candidates[position++] = candidate;
     } else {
@@ -94,7 +91,8 @@ __device__ __forceinline__ void AppendHitMask(SharedStorage& s, const CandidateS
   }
 }
 
-// Appends this warp's values >= threshold (items as in AppendHitMask).
+// Appends this warp's values >= threshold; item i of a thread is column
+// first_col + (i / kElems) * kStride + i % kElems (kElems elements a chunk, kStride apart).
 template <int kElems, int kStride, int kItems>
 __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink& sink,
                                            const float (&values)[kItems], uint32_t first_col,
@@ -103,8 +101,10 @@ __device__ __forceinline__ void AppendHits(SharedStorage& s, const CandidateSink
   uint32_t hits = 0;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) hits |= static_cast<uint32_t>(values[i] >= threshold) << i;
-  AppendHitMask<kElems, kStride>(s, sink, hits, first_col,
-                                 [&](int i) { return __float_as_uint(SelectItem(values, i)); });
+  AppendHitMask(s, sink, hits, [&](int i) {
+    return make_uint2(__float_as_uint(SelectItem(values, i)),
+                      first_col + (i / kElems) * kStride + i % kElems);
+  });
 }
 
 // A 16-bit element that is missing (past the row's end): a NaN of bfloat16 and of float16, which
@@ -136,13 +136,16 @@ __device__ __forceinline__ void LoadWords(const typename Elements::Storage* at, 
 }
 
 // One tile of kFilterTile<Elements> columns from `tile` (16-byte aligned), bounded by `end` if
-// kBounded. float32 rows keep their 16 values in flight as floats; 16-bit rows keep their 32 as
-// 16 packed words (the same 64 bytes and registers), widened one instruction each for the compare
-// and again for a hit's value.
-template <class Elements, bool kBounded>
+// kBounded. float32 rows keep their 16 values in flight as floats and compare each; 16-bit rows
+// keep their 32 as 16 packed words (the same 64 bytes and registers) and compare two elements an
+// instruction against `packed_threshold` (elements.cuh AtLeast), folding each mask into the hit
+// bits with one more: bit j is the low element of word j, bit 16 + j its high element. Only a
+// hit is widened. (kWidened16: the probe build's previous 16-bit loop, a widening and a float
+// compare an element, kept for timing against.)
+template <class Elements, bool kBounded, bool kWidened16 = false>
 __device__ __forceinline__ void FilterTile(SharedStorage& s, const typename Elements::Storage* row,
                                            int tile, int end, float threshold,
-                                           const CandidateSink& sink) {
+                                           uint32_t packed_threshold, const CandidateSink& sink) {
   constexpr int kElems = kChunkElems<Elements>;
   constexpr int kStride = kChunkStride<Elements>;
   const uint32_t first = tile + kElems * threadIdx.x;  // no wrap: tile < 2^31
@@ -156,30 +159,72 @@ __device__ __forceinline__ void FilterTile(SharedStorage& s, const typename Elem
     }
     AppendHits<kElems, kStride>(s, sink, values, first, threshold);
   } else {
-    static_assert(kFilterItems<Elements> <= 32, "one bit per item");
+    constexpr int kWords = 4 * kFilterChunks;  // word j holds items 2j and 2j + 1
+    static_assert(2 * kWords == 32, "one hit bit per item");
     uint32_t words[kFilterChunks][4];
 #pragma unroll
     for (int c = 0; c < kFilterChunks; ++c) {
       LoadWords<Elements, kBounded>(at + kStride * c, int64_t{end} - first - kStride * c, words[c]);
     }
-    uint32_t packed[2 * kFilterChunks * 2];  // word j holds items 2j and 2j + 1
-    uint32_t hits = 0;
+    uint32_t packed[kWords];
 #pragma unroll
     for (int c = 0; c < kFilterChunks; ++c) {
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const int j = 4 * c + w;
-        packed[j] = words[c][w];
+      for (int w = 0; w < 4; ++w) packed[4 * c + w] = words[c][w];
+    }
+    // The column of word j's low element.
+    const auto column_of_word = [&](int j) { return first + (j / 4) * kStride + 2 * (j % 4); };
+    uint32_t hits = 0;
+    if constexpr (kWidened16) {  // bits 2j and 2j + 1: word j's elements
+#pragma unroll
+      for (int j = 0; j < kWords; ++j) {
         hits |= static_cast<uint32_t>(__uint_as_float(Elements::WidenLow(packed[j])) >= threshold)
                 << (2 * j);
         hits |= static_cast<uint32_t>(__uint_as_float(Elements::WidenHigh(packed[j])) >= threshold)
                 << (2 * j + 1);
       }
+      AppendHitMask(s, sink, hits, [&](int i) {
+        const uint32_t word = SelectItem(packed, i >> 1);
+        return make_uint2((i & 1) ? Elements::WidenHigh(word) : Elements::WidenLow(word),
+                          column_of_word(i >> 1) + (i & 1));
+      });
+    } else {
+#pragma unroll
+      for (int j = 0; j < kWords; ++j)
+        hits |= Elements::AtLeast(packed[j], packed_threshold) & (0x00010001u << j);
+      AppendHitMask(s, sink, hits, [&](int i) {
+        const int j = i % kWords;
+        const uint32_t word = SelectItem(packed, j);
+        const bool high = i >= kWords;
+        return make_uint2(high ? Elements::WidenHigh(word) : Elements::WidenLow(word),
+                          column_of_word(j) + high);
+      });
     }
-    AppendHitMask<kElems, kStride>(s, sink, hits, first, [&](int i) {
-      const uint32_t word = SelectItem(packed, i >> 1);
-      return (i & 1) ? Elements::WidenHigh(word) : Elements::WidenLow(word);
-    });
+  }
+}
+
+// The packed threshold of the row type (unused for float32 rows).
+template <class Elements>
+__device__ __forceinline__ uint32_t PackedThresholdOf(float threshold) {
+  if constexpr (kChunkElems<Elements> == 8) {
+    return Elements::PackedThreshold(threshold);
+  } else {
+    return 0u;
+  }
+}
+
+// The tiles of [tile, end), full tiles unbounded, with the row pulled into L2 ahead.
+template <class Elements, bool kWidened16>
+__device__ __forceinline__ void FilterTiles(SharedStorage& s, const typename Elements::Storage* row,
+                                            int tile, int end, float threshold,
+                                            const CandidateSink& sink) {
+  const uint32_t packed_threshold = PackedThresholdOf<Elements>(threshold);
+  for (; end - tile >= kFilterTile<Elements>; tile += kFilterTile<Elements>) {
+    PrefetchToL2(row, int64_t{tile} + kPrefetchAhead<Elements>, end, kFilterTile<Elements>);
+    FilterTile<Elements, false, kWidened16>(s, row, tile, end, threshold, packed_threshold, sink);
+  }
+  if (tile < end) {
+    FilterTile<Elements, true, kWidened16>(s, row, tile, end, threshold, packed_threshold, sink);
   }
 }
 
@@ -201,12 +246,11 @@ __device__ __forceinline__ int FilterColumns(SharedStorage& s,
                                : __uint_as_float(kNanBits)};
     AppendHits<1, 1>(s, sink, head, static_cast<uint32_t>(begin) + offset, threshold);
   }
-  int tile = aligned;
-  for (; end - tile >= kFilterTile<Elements>; tile += kFilterTile<Elements>) {
-    PrefetchToL2(row, int64_t{tile} + kPrefetchAhead<Elements>, end, kFilterTile<Elements>);
-    FilterTile<Elements, false>(s, row, tile, end, threshold, sink);
+  if (kChunkElems<Elements> == 8 && ProbeOn(s, kProbeOld16BitLoop)) {  // probe build only
+    FilterTiles<Elements, kChunkElems<Elements> == 8>(s, row, aligned, end, threshold, sink);
+  } else {
+    FilterTiles<Elements, false>(s, row, aligned, end, threshold, sink);
   }
-  if (tile < end) FilterTile<Elements, true>(s, row, tile, end, threshold, sink);
   __syncthreads();
   const int kept = s.kept;
   __syncthreads();  // a retry resets s.kept

@@ -7,12 +7,14 @@
 #include <cuda_runtime.h>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include "common/topk_filtered_workspace.h"
 #include "common/topk_problem.h"
 #include "kernels/filtered/cluster_split.cuh"
 #include "kernels/filtered/elements.cuh"
 #include "kernels/filtered/launch_plan.cuh"
 #include "kernels/filtered/layout.cuh"
+#include "kernels/filtered/probe.cuh"
 #include "kernels/filtered/queue_worker.cuh"
 #include "kernels/filtered/row_runner.cuh"
 #include "kernels/filtered/typed_launches.h"
@@ -29,14 +31,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(shared_bytes);
   for (int bin = threadIdx.x; bin < kDigitBins; bin += kThreadsPerBlock) s.hist[bin] = 0;
+#if JAX_TOPK_FILTERED_PROBE
+  ProbeStart(s, launch.probe);
+#endif
   __syncthreads();
   if (kSplit) {
 #if JAX_TOPK_HAS_CLUSTERS
     RunClusterPart<Elements>(s, launch);
 #endif
-    return;
+  } else {
+    RunQueueWorker<Elements>(s, launch);
   }
-  RunQueueWorker<Elements>(s, launch);
+  ProbeFinish(s);
 }
 
 // The launch for rows of kType (checked by LaunchTopkFiltered).
@@ -86,6 +92,10 @@ cudaError_t LaunchRowsOf(const TopkProblem& problem, void* workspace, size_t wor
   launch.queue_next = reinterpret_cast<unsigned long long*>(base);
   launch.slices = reinterpret_cast<uint2*>(base + kFilteredHeaderBytes);
   launch.slice_entries = plan.slice_entries;
+#if JAX_TOPK_FILTERED_PROBE
+  const char* const probe_flags = std::getenv("JAX_TOPK_FILTERED_PROBE");
+  launch.probe = probe_flags != nullptr ? std::atoi(probe_flags) : 0;
+#endif
 
   if (plan.parts > 1) {  // split mode needs no counters
     cudaLaunchAttribute attribute;

@@ -173,7 +173,11 @@ struct SharedStorage {
   int selected_count;
   RowJob job;
   uint32_t sample_largest;  // the largest sampled key of the job's row (0: none)
-  union {                   // a launch's mode: one or the other, never both
+#if JAX_TOPK_FILTERED_PROBE
+  int probe;                      // the launch's ProbeFlag values (probe.cuh)
+  unsigned long long probe_last;  // thread 0's last phase stamp
+#endif
+  union {  // a launch's mode: one or the other, never both
     QueueState queue;
     ClusterState cluster;
   };

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "kernels/filtered/filtering_pass.cuh"
+#include "kernels/filtered/probe.cuh"
 #include "kernels/filtered/sample.cuh"
 #include "kernels/filtered/selection.cuh"
 #include "kernels/filtered/winners.cuh"
@@ -23,6 +24,9 @@ struct FilteredLaunch {
   unsigned long long* queue_next;  // the next row a worker takes (queue mode; zero at the launch)
   uint2* slices;                   // [grid][slice_entries]
   int slice_entries;
+#if JAX_TOPK_FILTERED_PROBE
+  int probe;  // ProbeFlag values from the environment (probe.cuh)
+#endif
 };
 
 // The row's valid length, or -1 when the row is masked out by num_valid_rows.
@@ -96,7 +100,10 @@ __device__ __forceinline__ int SelectKept(SharedStorage& s, const CandidateSink&
   const CandidateSource candidates{s.candidates, keep.shared_capacity, keep.global, kept};
   const Selection selection =
       SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, s.sample_largest);
-  return PutWinners(s, candidates, selection, to, s.job.length);
+  ProbeStamp(s, kPhaseSelect);
+  const int m = PutWinners(s, candidates, selection, to, s.job.length);
+  ProbeStamp(s, kPhasePut);
+  return m;
 }
 
 // Selects the job's row (see selection.cuh) by the routes from `route` on: each band filters the
@@ -113,12 +120,20 @@ __device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaun
     if (route == Route::kSecondary && cutoff == s.job.cutoffs.primary)
       break;  // same band: known short
     const int kept = FilterColumns<Elements>(s, row, 0, s.job.length, KeepThreshold(cutoff), keep);
+    ProbeStamp(s, kPhasePass);
+    if (route == Route::kSecondary) ProbeCount(s, kCountSecondary);
     if (kept > keep.Capacity()) break;  // overflow: the exact route re-reads the row
-    if (kept >= k || KeepsAll(cutoff)) return SelectKept(s, keep, k, cutoff, kept, to);
+    if (kept >= k || KeepsAll(cutoff)) {
+      ProbeCount(s, kCountKept, kept);
+      return SelectKept(s, keep, k, cutoff, kept, to);
+    }
   }
+  ProbeCount(s, kCountExact);
   const RowSource<Elements> whole_row{row, 0, s.job.length};
   const Selection selection = SelectRow(s, whole_row, k);
-  return PutWinners(s, whole_row, selection, to, s.job.length);
+  const int m = PutWinners(s, whole_row, selection, to, s.job.length);
+  ProbeStamp(s, kPhaseExact);
+  return m;
 }
 
 // Writes the job's m winners, then -1s (see WriteWinners).
@@ -134,14 +149,18 @@ template <class Elements, class WhileSampled>
 __device__ __forceinline__ void RunRow(SharedStorage& s, const FilteredLaunch& launch,
                                        int rank_slack, const WhileSampled& while_sampled) {
   int m = 0;
+  ProbeStamp(s, kPhaseQueue);
   if (s.job.length > 0) {
+    ProbeCount(s, kCountRows);
     SampleJobCutoffs<Elements>(s, launch.problem, rank_slack, 0, s.job.length);
     while_sampled();
+    ProbeStamp(s, kPhaseSample);
     m = SelectJobRow<Elements>(s, launch, Route::kPrimary);
   } else {
     while_sampled();
   }
   WriteRow(s, launch.problem, m);
+  ProbeStamp(s, kPhaseWrite);
 }
 
 }  // namespace

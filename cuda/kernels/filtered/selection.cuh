@@ -26,6 +26,7 @@
 
 #include <type_traits>
 
+#include "kernels/filtered/probe.cuh"
 #include "kernels/filtered/sources.cuh"
 #include "kernels/topk_scan.cuh"
 
@@ -253,6 +254,10 @@ __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Sourc
           static_cast<int>(first.total)};
 }
 
+// The most members a rank by the whole block takes (RankInBlock): a thread a member.
+constexpr int kBlockRankMembers = 256;
+static_assert(kBlockRankMembers <= kThreadsPerBlock, "a thread a member");
+
 // 2048 bins relative to a cutoff (> 0), spanning [cutoff, largest]: keys past largest fall in the
 // last bin, keys below the cutoff (kept under a +-0 threshold) in the first. A rank in a bin of
 // a few candidates is then ranked directly; the first and last bins never settle one.
@@ -276,6 +281,11 @@ struct RelativeBins {
   // Whether the rank's bin, of `count` candidates, is one a warp ranks.
   __device__ __forceinline__ static bool Settles(const BinFound& found) {
     return found.bin != 0 && found.bin != kLastBin && found.count <= kWarpSize;
+  }
+  // Whether it is one the block ranks (a 16-bit row's k-th key alone often has 33-200 ties).
+  __device__ __forceinline__ static bool SettlesInBlock(const BinFound& found) {
+    return found.bin != 0 && found.bin != kLastBin && found.count > kWarpSize &&
+           found.count <= kBlockRankMembers;
   }
   static constexpr uint32_t kLastBin = kDigitBins - 1;
 };
@@ -308,6 +318,101 @@ __device__ __forceinline__ WarpRank RankInWarp(uint32_t key, uint32_t col, int g
   return {greater, equal, equal_before};
 }
 
+// The rank-th largest of the `count` values in s.work.frontier (0 < rank <= count <=
+// kBlockRankMembers) as {value, how many of it make up rank, how many equal it}: thread t counts
+// the members above member t and equal to it, and the first member of the rank's value answers.
+// A few hundred members cost each of their threads one pass over them, where two more radix
+// digits cost four histogram searches and their barriers. A barrier follows.
+__device__ __forceinline__ BinFound RankInBlock(SharedStorage& s, int count, int rank) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < count) {
+    const uint32_t mine = s.work.frontier[t];
+    int greater = 0;
+    int equal = 0;
+    int equal_before = 0;
+    for (int other = 0; other < count; ++other) {
+      const uint32_t value = s.work.frontier[other];
+      greater += value > mine;
+      equal += value == mine;
+      equal_before += value == mine && other < t;
+    }
+    if (equal_before == 0 && greater < rank && rank <= greater + equal) {
+      s.found[0] = {mine, static_cast<uint32_t>(rank - greater), static_cast<uint32_t>(equal)};
+    }
+  }
+  __syncthreads();
+  return s.found[0];
+}
+
+// Whether the candidates of relative bin `bin` all share one key, and which: a pass over them
+// with a warp's minimum and maximum folded into shared words (s.work.frontier, dead here). A
+// crowded bin of one key (a 16-bit row's tie group at the k-th key: JAX's bfloat16 normal rows
+// hold ~1000 there) then needs no radix digits. A barrier follows.
+__device__ __forceinline__ bool OneKeyInBin(SharedStorage& s, const CandidateSource& source,
+                                            const RelativeBins& bins, uint32_t bin, uint32_t& key) {
+  uint32_t* const lowest = &s.work.frontier[0];
+  uint32_t* const highest = &s.work.frontier[1];
+  if (threadIdx.x == 0) {
+    *lowest = 0xFFFFFFFFu;
+    *highest = 0u;
+  }
+  __syncthreads();
+  source.ForEach([&](uint32_t bits, int32_t, bool valid) {
+    const uint32_t item_key = OrderedKeyF32(bits);
+    const bool member = valid && bins(item_key) == bin;
+    const uint32_t low = __reduce_min_sync(kFullMask, member ? item_key : 0xFFFFFFFFu);
+    const uint32_t high = __reduce_max_sync(kFullMask, member ? item_key : 0u);
+    if (threadIdx.x % kWarpSize == 0 && low <= high) {
+      atomicMin(lowest, low);
+      atomicMax(highest, high);
+    }
+  });
+  __syncthreads();
+  key = *lowest;
+  const bool one = *lowest == *highest;
+  __syncthreads();  // read before the frontier's next use
+  return one;
+}
+
+// The quota-th lowest column (quota >= 1) of the candidates of key `key`, all in [0, columns)
+// with columns <= kBitmapColumns: their columns marked in s.work.bitmap (dead here), then
+// counted in column order by one block scan of each thread's 16 words. For tie groups too large
+// to rank member by member; a barrier follows.
+__device__ __forceinline__ uint32_t NthColumnOfKey(SharedStorage& s, const CandidateSource& source,
+                                                   uint32_t key, int quota, int columns) {
+  constexpr int kWordsPerThread = kBitmapColumns / 32 / kThreadsPerBlock;
+  const int words = (columns + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) s.work.bitmap[w] = 0;
+  __syncthreads();
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    if (valid && OrderedKeyF32(bits) == key) atomicOr(&s.work.bitmap[col / 32], 1u << (col % 32));
+  });
+  __syncthreads();
+  const int first_word = static_cast<int>(threadIdx.x) * kWordsPerThread;
+  uint32_t mine = 0;
+#pragma unroll
+  for (int j = 0; j < kWordsPerThread; ++j)
+    mine += first_word + j < words ? __popc(s.work.bitmap[first_word + j]) : 0u;
+  uint32_t total;
+  const uint32_t before = BlockExclusiveSum(s.warp_sums, mine, total);
+  const uint32_t wanted = static_cast<uint32_t>(quota);
+  if (before < wanted && wanted <= before + mine) {  // one thread: the quota-th bit is in its words
+    uint32_t need = wanted - before;
+    for (int j = 0; j < kWordsPerThread; ++j) {
+      uint32_t word = s.work.bitmap[first_word + j];
+      const uint32_t here = __popc(word);
+      if (need <= here) {
+        for (; need > 1; --need) word &= word - 1;  // drop the lower set bits
+        s.found[0].bin = static_cast<uint32_t>((first_word + j) * 32 + __ffs(word) - 1);
+        break;
+      }
+      need -= here;
+    }
+  }
+  __syncthreads();
+  return s.found[0].bin;
+}
+
 // Adds this block's candidates to s.hist in relative bins; a barrier follows.
 __device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const CandidateSource& source,
                                                   const RelativeBins& bins) {
@@ -332,12 +437,29 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
     return {0, 0, 0, true, static_cast<int>(first.total)};
   const uint32_t group_bin = first.a.bin;
   const int group = static_cast<int>(first.a.count);
-  if (!RelativeBins::Settles(first.a)) return FindRankValue(s, source, KeyOfValue{}, rank);
+  const bool by_block = RelativeBins::SettlesInBlock(first.a) && !ProbeOn(s, kProbeOldSelection);
+  if (!RelativeBins::Settles(first.a) && !by_block) {
+    uint32_t key = 0;
+    if (first.a.bin != 0 && first.a.bin != RelativeBins::kLastBin &&
+        !ProbeOn(s, kProbeOldSelection) && OneKeyInBin(s, source, relative_bin, group_bin, key)) {
+      ProbeCount(s, kCountOneKeyBin);
+      return {key, rank - static_cast<int>(first.a.above), group, false,
+              static_cast<int>(first.total)};
+    }
+    ProbeCount(s, kCountDigitRank);
+    return FindRankValue(s, source, KeyOfValue{}, rank);
+  }
+  ProbeCount(s, by_block ? kCountBlockRank : kCountWarpRank);
   const int remaining = rank - static_cast<int>(first.a.above);
   CompactCandidatesToFrontier(
       s, source,
       [&](uint32_t bits, int32_t) { return relative_bin(OrderedKeyF32(bits)) == group_bin; },
       [](uint32_t bits, int32_t) { return OrderedKeyF32(bits); });
+  if (by_block) {
+    const BinFound kth = RankInBlock(s, group, remaining);  // {key, quota, group}
+    return {kth.bin, static_cast<int>(kth.above), static_cast<int>(kth.count), false,
+            static_cast<int>(first.total)};
+  }
   if (threadIdx.x < kWarpSize) {  // each member counts the members above it and equal to it
     const int lane = threadIdx.x;
     const uint32_t key = lane < group ? s.work.frontier[lane] : 0u;
@@ -424,8 +546,32 @@ __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& 
   Wins wins{0, 0};  // kth.all: every valid key is above 0
   if (!kth.all) {
     wins = {kth.value, 0xFFFFFFFFu};
-    if (kth.quota < kth.group)
+    if (kth.quota < kth.group) {
+      // The quota-th lowest column of the k-th key: the quota-th largest complemented column.
+      bool by_block = false;
+      bool by_bitmap = false;
+      if constexpr (std::is_same_v<Source, CandidateSource>) {
+        const bool old = ProbeOn(s, kProbeOldSelection);
+        by_block = kth.group <= kBlockRankMembers && !old;
+        by_bitmap = !by_block && !old && s.job.length <= kBitmapColumns;
+      }
+      ProbeCount(s, by_block ? kCountTieBlock : by_bitmap ? kCountTieBitmap : kCountTieDigits);
+      if constexpr (std::is_same_v<Source, CandidateSource>) {
+        if (by_bitmap) {
+          wins.column_limit = NthColumnOfKey(s, source, kth.value, kth.quota, s.job.length);
+          return {wins, kth.all, kth.total, k};
+        }
+        if (by_block) {
+          const uint32_t key = kth.value;
+          CompactCandidatesToFrontier(
+              s, source, [&](uint32_t bits, int32_t) { return OrderedKeyF32(bits) == key; },
+              [](uint32_t, int32_t col) { return ~static_cast<uint32_t>(col); });
+          wins.column_limit = ~RankInBlock(s, kth.group, kth.quota).bin;
+          return {wins, kth.all, kth.total, k};
+        }
+      }
       wins.column_limit = ~FindRankValue(s, source, LowColumnOfTie{kth.value}, kth.quota).value;
+    }
   }
   return {wins, kth.all, kth.total, k};
 }

@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/filtered/layout.cuh"
+#include "kernels/filtered/probe.cuh"
 #include "kernels/topk_scan.cuh"
 
 namespace jax_topk {
@@ -379,6 +380,7 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
                                   page_row, slots)) {
         return;
       }
+      ProbeCount(s, kCountBucketSpill);
       SortByRank(s, range, column_bits, m, keys, cols);
     } else if (with_values) {  // the keys ride along as the sort's values
       RankSort(s.work.rank_sort).SortBlockedToStriped(cols, keys, 0, column_bits);

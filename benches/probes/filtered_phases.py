@@ -1,0 +1,118 @@
+"""Old against new in one probe build of the filtered kernel (CMake option JAX_TOPK_FILTERED_PROBE,
+kernels/filtered/probe.cuh): device time of topk_filtered (unsorted, sorted) and top_k under each
+set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the previous 16-bit
+filtering tile, 4: the previous radix-only selection of crowded bins and tie groups), and, with
+--stamps, the per-phase times of one call of each (2: the kernel's last block prints them).
+Command buffers are off so that every call's launch reads the switches. Run on the GPU from the
+repo root of a probe build: python -m benches.probes.filtered_phases [--stamps]"""
+
+import ctypes
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_topk  # noqa: E402
+from benches.bench import copy_bandwidth_tbps, device_time_us  # noqa: E402
+from benches.probes.filtered_variants import floor_us  # noqa: E402
+
+VARIANTS = {"new": 0, "old selection": 4, "old 16-bit loop": 1, "old loop + old selection": 5}
+LIBC = ctypes.CDLL(None)
+STAMPED = ("new", "old selection")
+TIMED = ("new", "old selection", "old loop + old selection")
+
+
+def set_variant(flags: int):
+    os.environ["JAX_TOPK_FILTERED_PROBE"] = str(flags)
+
+
+def indexer_case(rows, n, causal, dtype):
+    lengths = (n - (rows - 1 - np.arange(rows))) if causal else np.full(rows, n)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    sets = [
+        (jax.random.normal(jax.random.key(i), (rows, n), dtype), lengths)
+        for i in range(4 if rows > 1000 else 32)
+    ]
+    calls = {
+        "unsorted": jax.jit(lambda s, lens: jax_topk.topk_filtered(s, lens, k=2048)),
+        "sorted": jax.jit(lambda s, lens: jax_topk.topk_filtered(s, lens, k=2048, sorted=True)),
+        "top_k": jax.jit(lambda s, lens: jax_topk.top_k(s, 2048, lengths=lens)),
+    }
+    return sets, calls, lengths
+
+
+def stamps(dtype):
+    sets, calls, _ = indexer_case(5536, 131072, True, dtype)
+    for variant, flags in VARIANTS.items():
+        if variant not in STAMPED or (variant != "new" and dtype == jnp.float32):
+            continue
+        for name, fn in calls.items():
+            set_variant(0)
+            jax.block_until_ready(fn(*sets[0]))  # compiled, warm
+            set_variant(flags | 2)
+            print(f"stamps {jnp.dtype(dtype).name} 5536x131072 {name} [{variant}]:", flush=True)
+            jax.block_until_ready(fn(*sets[1]))
+            LIBC.fflush(None)
+    set_variant(0)
+
+
+def timed(label, dtype, sets, calls, floor, variants):
+    for variant in variants:
+        set_variant(VARIANTS[variant])
+        times = [device_time_us(fn, sets, 6) for fn in calls.values()]
+        print(
+            f"| {label} | {jnp.dtype(dtype).name} | {variant} | "
+            + " | ".join(f"{t:.1f}" for t in times)
+            + f" | {floor:.1f} | {times[-1] / floor:.2f} |",
+            flush=True,
+        )
+    set_variant(0)
+
+
+def main():
+    tbps = copy_bandwidth_tbps()
+    print(f"copy bandwidth {tbps:.2f} TB/s (read + write)")
+    if "--stamps" in sys.argv:
+        for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+            stamps(dtype)
+    print(
+        "| shape | dtype | variant | topk_filtered unsorted | sorted | top_k (values, sorted)"
+        " | floor | top_k / floor |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    every, baseline = list(TIMED), ["new", "old loop + old selection"]
+    indexer = [  # the most wanted rows first: a time limit cuts the tail
+        ("5536x131072 causal", 5536, 131072, True, jnp.bfloat16, every),
+        ("32x131072", 32, 131072, False, jnp.bfloat16, every),
+        ("5536x131072 causal", 5536, 131072, True, jnp.float32, baseline),
+    ]
+    vocab = [(256, 152064, 50, jnp.bfloat16, every), (256, 152064, 50, jnp.float32, baseline)]
+    later = [
+        ("5536x131072 causal", 5536, 131072, True, jnp.float16, every),
+        ("32x131072", 32, 131072, False, jnp.float32, ["new"]),
+    ]
+    for label, rows, n, causal, dtype, variants in indexer:
+        sets, calls, lengths = indexer_case(rows, n, causal, dtype)
+        timed(label, dtype, sets, calls, floor_us(lengths, dtype, tbps), variants)
+        del sets
+    for rows, n, k, dtype, variants in vocab:
+        sets = [
+            (jax.random.normal(jax.random.key(i), (rows, n), dtype),)
+            for i in range(max(4, 300_000_000 // (rows * n * 4)))
+        ]
+        calls = {"top_k": jax.jit(lambda x: jax_topk.top_k(x, k))}
+        floor = floor_us(np.full(rows, n), dtype, tbps)
+        timed(f"[{rows}, {n}] k={k} top_k only", dtype, sets, calls, floor, variants)
+        del sets
+    for label, rows, n, causal, dtype, variants in later:
+        sets, calls, lengths = indexer_case(rows, n, causal, dtype)
+        timed(label, dtype, sets, calls, floor_us(lengths, dtype, tbps), variants)
+        del sets
+
+
+if __name__ == "__main__":
+    main()
