@@ -41,7 +41,7 @@ constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kListItems = kMaxK / kThreads;  // list entries, winners and sort items a thread
 constexpr int kMaxBucket = 64;       // a crowded bucket: the ranks by comparison would cost more
-constexpr int kListCapacity = 4096;  // the sampled path's list: k = 2048 plus ~9 sigma of slack
+constexpr int kListCapacity = 4096;  // the sampled path's list (~2800 kept at k = 2048, m = 16384)
 constexpr int kListSlots = kListCapacity / kThreads;
 constexpr int kSamples = 2;  // keys a thread in the sample
 constexpr unsigned kAllLanes = 0xFFFFFFFFu;
