@@ -2,7 +2,8 @@
 plain reference: for each row, the kernel's own layout (thread t holds items i = c * 4 + q at
 position (c * 512 + t) * 4 + q), its sample (items t % 32 and (t + 16) % 32 of thread t), the
 cutoff from two 11-bit digits of the sample's r-th largest key, the filter, the order code and
-its 11-bit buckets, and the ranks within a bucket. Prints, per row family, how often the
+its 11-bit buckets (those starting at or past k are never ranked), and the ranks within a
+bucket. Prints, per row family, how often the
 sampled path falls back (too few or too many kept, a crowded bucket), how many entries it keeps
 and how many comparisons a kept entry makes; asserts that every row it takes is exact.
 Run from the repo root: python -m benches.probes.merge_sampled_model"""
@@ -96,18 +97,22 @@ def sampled_row(values, columns, k):
     code = (key_part << column_bits) | column_part
     buckets = code >> max(bits - DIGIT, 0)
     sizes = np.bincount(buckets, minlength=1 << DIGIT)
-    largest = int(sizes.max())
-    comparisons = float((sizes.astype(np.float64) ** 2).sum() / len(kept))
+    starts = np.cumsum(sizes) - sizes
+    live = starts < taken  # a bucket starting at or past taken holds no winner: never ranked
+    largest = int(sizes[live].max())
+    comparisons = float((sizes[live].astype(np.float64) ** 2).sum() / len(kept))
     if largest > MAX_BUCKET:
         return len(kept), comparisons, largest, "crowded", None
-    starts = np.cumsum(sizes) - sizes
-    ranks = np.empty(len(kept), np.int64)
+    ranks = np.full(len(kept), LIST_CAPACITY, np.int64)
     for slot in range(len(kept)):  # the kernel's rank: its bucket's start + the smaller codes
+        if not live[buckets[slot]]:
+            continue
         same = np.nonzero(buckets == buckets[slot])[0]
         smaller = (code[same] < code[slot]) | ((code[same] == code[slot]) & (same < slot))
         ranks[slot] = starts[buckets[slot]] + np.count_nonzero(smaller)
-    assert sorted(ranks) == list(range(len(kept)))
-    order = np.argsort(ranks)[:taken]
+    winners = np.nonzero(ranks < taken)[0]
+    assert sorted(ranks[winners]) == list(range(taken))
+    order = winners[np.argsort(ranks[winners])]
     return len(kept), comparisons, largest, None, (lk[order], lc[order])
 
 
@@ -131,6 +136,18 @@ def bench_rows(rng, rows, dtype, lists_sorted):
             values = np.take_along_axis(v, order, -1).reshape(-1)
             columns = np.take_along_axis(columns.reshape(8, 2048), order, -1).reshape(-1)
         yield values, columns
+
+
+def sorted_list_rows(rng, rows, dtype):
+    """test_sorted_lists_gpu_equals_cpu's rows by kind: normal, the winners all in list 0,
+    lists scaled apart."""
+    values = rng.standard_normal((rows, 8, 2048)).astype(np.float32)
+    values[1::3, 1:] -= 100.0
+    values[2::3] *= np.exp2(np.arange(8) - 4.0)[:, None]
+    values = -np.sort(-values, axis=-1).astype(dtype).reshape(rows, -1)
+    columns = np.sort(rng.permutation(4 * 2048)[:2048])
+    columns = (columns + 4 * 2048 * np.arange(8)[:, None]).astype(np.int32).reshape(-1)
+    return [[(values[r], columns) for r in range(kind, rows, 3)] for kind in range(3)]
 
 
 def report(name, rows, k):
@@ -164,6 +181,8 @@ def main():
                     for layout in ("unequal", "same_everywhere", "one_list_wins", "repeated")
                 ]
                 report(f"{dtype.name} {lists}x{per_list} {family}", rows, k)
+        for kind, rows in enumerate(sorted_list_rows(rng, 60, dtype)):
+            report(f"{dtype.name} sorted lists, kind {kind}", rows, 2048)
         values, columns = register_kernel_rows(rng, 24, 16384, dtype)
         report(f"{dtype.name} register_kernel_rows", zip(values, columns), 2048)
 

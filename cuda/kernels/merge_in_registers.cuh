@@ -247,22 +247,22 @@ __device__ __forceinline__ void StageRow(uint64_t& barrier, Bits* staged_values,
 }
 
 // After the bucket counts' atomics (and a barrier): s.hist[b] becomes bucket b's start in
-// ascending order, and the largest count goes into `largest_bucket` (zero before). Ends with
-// a barrier.
-__device__ __forceinline__ void BucketStarts(Shared& s, uint32_t& largest_bucket) {
+// ascending order, and the largest count of a bucket starting before `ranked` (those that
+// get ranks) goes into `largest_bucket` (zero before). Ends with a barrier.
+__device__ __forceinline__ void BucketStarts(Shared& s, uint32_t ranked, uint32_t& largest_bucket) {
   uint32_t counts[kBinsPerThread];
   uint32_t mine = 0, largest = 0;
 #pragma unroll
   for (int j = 0; j < kBinsPerThread; ++j) {
     counts[j] = s.hist[threadIdx.x * kBinsPerThread + j];
     mine += counts[j];
-    largest = max(largest, counts[j]);
   }
   uint32_t bucket_total;
   uint32_t start = Positions(s, mine, bucket_total);
 #pragma unroll
   for (int j = 0; j < kBinsPerThread; ++j) {
     s.hist[threadIdx.x * kBinsPerThread + j] = start;
+    if (start < ranked) largest = max(largest, counts[j]);
     start += counts[j];
   }
   largest = __reduce_max_sync(kAllLanes, largest);
@@ -352,7 +352,7 @@ __device__ __forceinline__ void WriteInOrder(Shared& s, int taken, int32_t k, bo
     if (slot < taken) atomicAdd(&s.hist[my_buckets[i]], 1u);
   }
   __syncthreads();
-  BucketStarts(s, s.bucket_max);
+  BucketStarts(s, taken, s.bucket_max);
   if (s.bucket_max <= kMaxBucket) {
     //  Slots by bucket, then each winner's rank: its bucket's start plus the winners of its
     //  bucket with a smaller code (or an equal one at a lower slot).
@@ -476,7 +476,7 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
     if (slot < kept) atomicAdd(&s.hist[bucket_of(slot)], 1u);
   }
   __syncthreads();
-  BucketStarts(s, s.kept_bucket_max);
+  BucketStarts(s, taken, s.kept_bucket_max);
   if (s.kept_bucket_max > kMaxBucket) {  // block-uniform: the registers' steps instead
 #pragma unroll
     for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
@@ -485,7 +485,8 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
   }
 
   // Slots by bucket; each kept candidate's rank: its bucket's start plus the smaller codes of
-  // its bucket (an equal code, the same (key, column), ranks by slot).
+  // its bucket (an equal code, the same (key, column), ranks by slot). A bucket starting at or
+  // past `taken` holds no winner: its entries are not ranked.
 #pragma unroll
   for (int i = 0; i < kListSlots; ++i) {
     const int slot = i * kThreads + static_cast<int>(threadIdx.x);
@@ -505,6 +506,7 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
     const uint64_t my_code = code(my_keys[i], my_columns[i]);
     const uint32_t b = static_cast<uint32_t>(my_code >> bucket_shift);
     const uint32_t first = b > 0 ? s.hist[b - 1] : 0, end = s.hist[b];
+    if (first >= static_cast<uint32_t>(taken)) continue;
     uint32_t rank = first;
     for (uint32_t j = first; j < end; ++j) {
       const int other = s.order[j];
