@@ -1,7 +1,8 @@
 """merge_topk's register-kernel variants at issue 14's shape (benches/probes/merge_rows.py's
 inputs), chosen by JAX_TOPK_MERGE_VARIANT (read at each launch; a fresh jit a variant): `old`
-(the radix select from the registers), `sampled` (the sampled path first), `staged` (unset: the
-sampled path and the next row staged in shared memory by bulk copies). Each variant's result
+(the radix select from the registers), `sampled` (the sampled path first), `staged` (the
+sampled path and the next row staged in shared memory by bulk copies), `default` (unset: staged
+for sorted output, old for unsorted). Each variant's result
 on the first input set is checked bit for bit against the CPU handler; a table comes last.
 Run on the GPU from the repo root: python -m benches.probes.merge_variants [VARIANT ...]"""
 
@@ -41,7 +42,7 @@ def main():
         for sorted_ in (True, False):
             want = merge_on(cpu, sets[0], sorted_)
             for variant in variants:
-                if variant == "staged":
+                if variant == "default":
                     os.environ.pop("JAX_TOPK_MERGE_VARIANT", None)
                 else:
                     os.environ["JAX_TOPK_MERGE_VARIANT"] = variant

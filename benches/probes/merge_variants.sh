@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the merge kernel's variants: build for sm_90a, time old / sampled /
 # staged at issue 14's shape in one process (each checked bit for bit against the CPU), then
-# the GPU merge tests under the default (staged) and the sampled variant and memcheck of the
-# merge cases, side by side. Logs under $OUT. From the repo root: bash benches/probes/merge_variants.sh
+# the GPU merge tests under the staged and the sampled variant and memcheck of the merge
+# cases (staged), side by side. Logs under $OUT. From the repo root: bash benches/probes/merge_variants.sh
 set -uo pipefail
 out=${OUT:-/tmp/merge_variants}
 mkdir -p "$out"
@@ -19,12 +19,12 @@ timeout "${BENCH_S:-60}" python3 -m benches.probes.merge_variants >"$out/variant
 echo "variants rc=$? at $(($(date +%s) - start)) s"
 
 tests=tests/test_merge_topk.py
-timeout "${TEST_S:-60}" python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider "$tests" \
-  >"$out/pytest-staged.log" 2>&1 &
+JAX_TOPK_MERGE_VARIANT=staged timeout "${TEST_S:-60}" python3 -m pytest -m gpu -q -n 6 \
+  -p no:cacheprovider "$tests" >"$out/pytest-staged.log" 2>&1 &
 JAX_TOPK_MERGE_VARIANT=sampled timeout "${TEST_S:-60}" python3 -m pytest -m gpu -q -n 4 \
   -p no:cacheprovider -k "wide_rows or register_kernel" "$tests" >"$out/pytest-sampled.log" 2>&1 &
-timeout "${TEST_S:-60}" compute-sanitizer --tool memcheck --error-exitcode 9 \
-  python3 -m tests.checks.sanitizer merge >"$out/memcheck.log" 2>&1
+JAX_TOPK_MERGE_VARIANT=staged timeout "${TEST_S:-60}" compute-sanitizer --tool memcheck \
+  --error-exitcode 9 python3 -m tests.checks.sanitizer merge >"$out/memcheck.log" 2>&1
 echo "memcheck rc=$?: $(tail -1 "$out/memcheck.log")"
 wait
 echo "pytest staged: $(tail -1 "$out/pytest-staged.log")"

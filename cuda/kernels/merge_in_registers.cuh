@@ -3,12 +3,13 @@
 // loads. While the block works on a row, the copy engine brings its next row into shared
 // memory (bulk copies counted on an mbarrier; `staged`, where the row's parts are 16-byte
 // multiples) and the one after into L2; unstaged rows load from global memory.
-// 0. The sampled path, tried first: 1024 of the row's keys (two a thread, spread over every
-//    list) give a cutoff, the key whose rank among them is k's share plus 4 standard deviations
-//    (two 11-bit digits of a select over the sample); the candidates at or above it (~k + 30 %)
-//    go to a shared list, which is ranked by buckets of its order code (step 2's method), and
-//    ranks < k win. The sample only decides how fast: when fewer than min(k, candidates) or more
-//    than kListCapacity pass, or a bucket is crowded, the row takes steps 1-2 from its registers.
+// 0. The sampled path (when `sampled`), tried first: 1024 of the row's keys (two a thread,
+//    spread over every list) give a cutoff, the key whose rank among them is k's share plus 4
+//    standard deviations (two 11-bit digits of a select over the sample); the candidates at or
+//    above it (~k + 30 %) go to a shared list, ranked by buckets of its order code (step 2's
+//    method), and ranks < k win. The sample only decides how fast: when fewer than
+//    min(k, candidates) or more than kListCapacity pass, or a bucket that gets ranks is
+//    crowded, the row takes steps 1-2 from its registers.
 // 1. Radix select on the ordered key, 11-bit digits in a shared histogram: the first pass over
 //    the registers (it also counts the candidates); the boundary bin's entries, when they fit,
 //    go to a shared list and the later passes run over it. A tied k-th key adds the same select

@@ -17,8 +17,8 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <cub/block/block_radix_sort.cuh>
+#include <string_view>
 
 #include "common/topk_common.h"
 #include "common/value_traits.h"
@@ -207,18 +207,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// Timing switch, read at each launch (a fresh jit each, so one process times them all):
-// JAX_TOPK_MERGE_VARIANT=old turns the register kernel's sampled path and staging off,
-// =sampled the staging alone; unset, both are on.
+// Which of the register kernel's steps run. By default the sampled path and the staged row
+// for sorted output only: measured on the H200 (benches/NOTES.md, helper merge-speed), they
+// make sorted rows 19 % (float32) / 14 % (bfloat16) faster but unsorted ones 7 % / 27 %
+// slower (the sampled path ranks ~2800 candidates by the sorted code, then the winners again
+// by column). Timing switch, read at each launch (a fresh jit each, so one process times them
+// all): JAX_TOPK_MERGE_VARIANT=old (neither), sampled (that path alone), staged (both), for
+// either order.
 struct RegisterVariant {
-  bool sampled = true, staged = true;
+  bool sampled, staged;
 };
-RegisterVariant ChosenVariant() {
+RegisterVariant ChosenVariant(bool sorted) {
   const char* name = std::getenv("JAX_TOPK_MERGE_VARIANT");
-  RegisterVariant variant;
-  if (name != nullptr && std::strcmp(name, "old") == 0) variant.sampled = variant.staged = false;
-  if (name != nullptr && std::strcmp(name, "sampled") == 0) variant.staged = false;
-  return variant;
+  const std::string_view chosen = name == nullptr ? "" : name;
+  if (chosen == "old") return {false, false};
+  if (chosen == "sampled") return {true, false};
+  if (chosen == "staged") return {true, true};
+  return {sorted, sorted};
 }
 
 // Rows of m <= merge_registers::kMaxWidth: a persistent grid of one block an SM (the kernel's
@@ -238,7 +243,7 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   const bool vector_loads = p.width % merge_registers::kChunk == 0 &&
                             reinterpret_cast<uintptr_t>(p.values) % (4 * sizeof(Bits)) == 0 &&
                             reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  const RegisterVariant variant = ChosenVariant();
+  const RegisterVariant variant = ChosenVariant(p.sorted);
   const bool staged = variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.values) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
