@@ -324,3 +324,25 @@ def test_register_kernel_rows_past_the_grid_gpu_equals_cpu(dtype, width, k):
     for sorted_ in (True, False):
         got = run_merge("gpu", values, indices, k, sorted_)
         assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+def test_sorted_lists_gpu_equals_cpu(dtype):
+    """Lists as top_k(sorted=True) returns them (each list's values descending), the register
+    kernel's sampled cutoff included: rows of normal values, rows whose winners all sit at the
+    head of one list, rows of lists scaled apart (the sample's rank lands between lists)."""
+    rng = np.random.default_rng(14)
+    rows, lists, per_list = 3 * 100, 8, 2048
+    values = rng.standard_normal((rows, lists, per_list)).astype(np.float32)
+    values[1::3, 1:] -= 100.0  # the winners all in list 0
+    values[2::3] *= np.exp2(np.arange(lists) - 4.0)[:, None]
+    values = -np.sort(-values, axis=-1).astype(dtype)
+    columns = np.sort(rng.permutation(4 * per_list)[:per_list])
+    indices = (columns + 4 * per_list * np.arange(lists)[:, None]).astype(np.int32)
+    indices = np.broadcast_to(indices, values.shape).reshape(rows, -1).copy()
+    values = values.reshape(rows, -1)
+    for sorted_ in (True, False):
+        got = run_merge("gpu", values, indices, 2048, sorted_)
+        assert_same(got, run_merge("cpu", values, indices, 2048, sorted_), f"sorted={sorted_}")

@@ -1,6 +1,15 @@
 // merge_topk for rows of m <= 16384 candidates: a persistent 512-thread block an SM, the row in
 // registers (32 candidates a thread: 32-bit ordered key and column), read once with 16-byte
-// loads while the copy engine pulls the block's next row into L2.
+// loads. While the block works on a row, the copy engine brings its next row into shared
+// memory (bulk copies counted on an mbarrier; `staged`, where the row's parts are 16-byte
+// multiples) and the one after into L2; unstaged rows load from global memory.
+// 0. The sampled path (when `sampled`), tried first: 1024 of the row's keys (two a thread,
+//    spread over every list) give a cutoff, the key whose rank among them is k's share plus 4
+//    standard deviations (two 11-bit digits of a select over the sample); the candidates at or
+//    above it (~k + 30 %) go to a shared list, ranked by buckets of its order code (step 2's
+//    method), and ranks < k win. The sample only decides how fast: when fewer than
+//    min(k, candidates) or more than kListCapacity pass, or a bucket that gets ranks is
+//    crowded, the row takes steps 1-2 from its registers.
 // 1. Radix select on the ordered key, 11-bit digits in a shared histogram: the first pass over
 //    the registers (it also counts the candidates); the boundary bin's entries, when they fit,
 //    go to a shared list and the later passes run over it. A tied k-th key adds the same select
@@ -32,12 +41,36 @@ constexpr int kDigitBits = 11;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kListItems = kMaxK / kThreads;  // list entries, winners and sort items a thread
-constexpr int kMaxBucket = 64;  // a crowded bucket: the ranks by comparison would cost more
+constexpr int kMaxBucket = 64;       // a crowded bucket: the ranks by comparison would cost more
+constexpr int kListCapacity = 4096;  // the sampled path's list (~2800 kept at k = 2048, m = 16384)
+constexpr int kListSlots = kListCapacity / kThreads;
+constexpr int kSamples = 2;  // keys a thread in the sample
 constexpr unsigned kAllLanes = 0xFFFFFFFFu;
 static_assert(kListItems * kThreads == kMaxK, "the list and the sort hold k <= kMaxK");
 
 struct BinFound {
   uint32_t bin, above, count;
+};
+
+// The smallest and largest key and column of a set of candidates.
+struct Span {
+  uint32_t key_min, key_max, column_min, column_max;
+  __device__ __forceinline__ void Reset() {
+    key_min = column_min = 0xFFFFFFFFu;
+    key_max = column_max = 0;
+  }
+  // Every thread adds its own extremes (a warp reduces them first).
+  __device__ __forceinline__ void Add(uint32_t my_key_min, uint32_t my_key_max,
+                                      uint32_t my_column_min, uint32_t my_column_max) {
+    my_key_min = __reduce_min_sync(0xFFFFFFFFu, my_key_min);
+    my_key_max = __reduce_max_sync(0xFFFFFFFFu, my_key_max);
+    my_column_min = __reduce_min_sync(0xFFFFFFFFu, my_column_min);
+    my_column_max = __reduce_max_sync(0xFFFFFFFFu, my_column_max);
+    if (threadIdx.x % 32 == 0) {
+      atomicMin(&key_min, my_key_min), atomicMax(&key_max, my_key_max);
+      atomicMin(&column_min, my_column_min), atomicMax(&column_max, my_column_max);
+    }
+  }
 };
 
 struct Shared {
@@ -47,17 +80,29 @@ struct Shared {
     typename Sort32::TempStorage sort32;
     typename Sort64::TempStorage sort64;
     struct {
-      uint32_t keys[kMaxK];
-      int32_t columns[kMaxK];
-    } list;  // the boundary bin's entries during the select, then the winners (in no order)
+      uint32_t keys[kListCapacity];
+      int32_t columns[kListCapacity];
+    } list;  // the boundary bin's entries during the select, then the winners (in no order);
+             // the sampled path's kept candidates, then its winners in rank order
   };
-  uint16_t order[kMaxK];  // winners' slots by bucket
-  uint32_t hist[kBins];   // zero between uses
+  uint16_t order[kListCapacity];  // slots by bucket
+  uint32_t hist[kBins];           // zero between uses
   uint32_t warp_sums[kWarps];
   BinFound found;
   int32_t equal_taken;
-  uint32_t key_min, key_max, column_min, column_max, bucket_max;
+  Span winners, kept;  // the winners' spans; the sampled path's kept candidates'
+  uint32_t bucket_max, kept_bucket_max;
+  uint64_t row_landed;  // mbarrier: the staged row has landed (its phase flips each row)
 };
+
+// Where the staged row starts in the dynamic shared memory, and the bytes it all takes.
+__host__ __device__ constexpr size_t StagedOffset() {
+  return (sizeof(Shared) + 15) / 16 * 16;
+}
+template <typename Bits>
+__host__ __device__ constexpr size_t SharedBytes(bool staged, int64_t width) {
+  return StagedOffset() + (staged ? static_cast<size_t>(width) * (sizeof(Bits) + 4) : 0);
+}
 
 // What a select decided: items whose projection masked by `mask` is above `prefix` win; of
 // those equal to it all win when `exact`, else `needed` of them (mask is then every bit).
@@ -152,6 +197,80 @@ __device__ __forceinline__ void PrefetchRange(const void* begin, size_t bytes) {
 #endif
 }
 
+// The staged row's landing: an mbarrier in shared memory that thread 0 arms with the bytes to
+// come; the copy engine's bulk copies count them down, and the phase flips when all landed.
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void InitBarrier(uint64_t& barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(SharedAddress(&barrier)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPhase(uint64_t& barrier, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t landed = 0;
+  while (!landed) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(landed)
+        : "r"(SharedAddress(&barrier)), "r"(parity)
+        : "memory");
+  }
+#endif
+}
+// Thread 0: the copy engine brings row `row` (values, then columns: both 16-byte multiples)
+// into the staging buffer, after the block's reads of the previous row (a barrier before).
+template <typename Bits>
+__device__ __forceinline__ void StageRow(uint64_t& barrier, Bits* staged_values, const Bits* values,
+                                         const int32_t* indices, int64_t row, int64_t width) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t value_bytes = static_cast<uint32_t>(width * sizeof(Bits));
+  const uint32_t column_bytes = static_cast<uint32_t>(width * sizeof(int32_t));
+  const uint32_t bar = SharedAddress(&barrier);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads before the overwrite
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+               "r"(value_bytes + column_bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(SharedAddress(staged_values)),
+      "l"(values + row * width), "r"(value_bytes), "r"(bar)
+      : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(SharedAddress(staged_values) + value_bytes),
+      "l"(indices + row * width), "r"(column_bytes), "r"(bar)
+      : "memory");
+#endif
+}
+
+// After the bucket counts' atomics (and a barrier): s.hist[b] becomes bucket b's start in
+// ascending order, and the largest count of a bucket starting before `ranked` (those that
+// get ranks) goes into `largest_bucket` (zero before). Ends with a barrier.
+__device__ __forceinline__ void BucketStarts(Shared& s, uint32_t ranked, uint32_t& largest_bucket) {
+  uint32_t counts[kBinsPerThread];
+  uint32_t mine = 0, largest = 0;
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    counts[j] = s.hist[threadIdx.x * kBinsPerThread + j];
+    mine += counts[j];
+  }
+  uint32_t bucket_total;
+  uint32_t start = Positions(s, mine, bucket_total);
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    s.hist[threadIdx.x * kBinsPerThread + j] = start;
+    if (start < ranked) largest = max(largest, counts[j]);
+    start += counts[j];
+  }
+  largest = __reduce_max_sync(kAllLanes, largest);
+  if (threadIdx.x % 32 == 0) atomicMax(&largest_bucket, largest);
+  __syncthreads();
+}
+
 // Bits needed to write x.
 __device__ __forceinline__ int BitsOf(uint32_t x) {
   return 32 - __clz(x);
@@ -202,27 +321,296 @@ __device__ __forceinline__ void SortAndPut(Storage& storage, Shared& s, int take
   }
 }
 
+// Step 2: the `taken` winners in s.list (their spans in s.winners, s.hist zero) written at
+// their ranks in the output order, the slots past them empty. Every thread calls it.
+template <typename Values>
+__device__ __forceinline__ void WriteInOrder(Shared& s, int taken, int32_t k, bool sorted,
+                                             typename Values::Bits* row_out_values,
+                                             int32_t* row_out_indices) {
+  OrderCode code{sorted, 0, 0, s.winners.key_max, s.winners.column_min};
+  if (taken > 0) {
+    code.key_bits = BitsOf(s.winners.key_max - s.winners.key_min);
+    code.column_bits = BitsOf(s.winners.column_max - s.winners.column_min);
+  }
+  const int code_bits = code.key_bits + code.column_bits;
+  const auto put = [&](int rank, uint32_t key, int32_t column) {
+    row_out_indices[rank] = column;
+    row_out_values[rank] = Values::FromKey(key);
+  };
+  for (int slot = taken + threadIdx.x; slot < k; slot += kThreads) {
+    row_out_indices[slot] = kEmptySlot;
+    row_out_values[slot] = Values::kEmpty;
+  }
+  //    Buckets: the top 11 bits of the code; their counts and starts (ascending).
+  const int bucket_shift = code_bits > kDigitBits ? code_bits - kDigitBits : 0;
+  uint64_t my_codes[kListItems];
+  uint32_t my_buckets[kListItems];
+#pragma unroll
+  for (int i = 0; i < kListItems; ++i) {
+    const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+    my_codes[i] = slot < taken ? code(s.list.keys[slot], s.list.columns[slot]) : 0;
+    my_buckets[i] = static_cast<uint32_t>(my_codes[i] >> bucket_shift);
+    if (slot < taken) atomicAdd(&s.hist[my_buckets[i]], 1u);
+  }
+  __syncthreads();
+  BucketStarts(s, taken, s.bucket_max);
+  if (s.bucket_max <= kMaxBucket) {
+    //  Slots by bucket, then each winner's rank: its bucket's start plus the winners of its
+    //  bucket with a smaller code (or an equal one at a lower slot).
+#pragma unroll
+    for (int i = 0; i < kListItems; ++i) {
+      const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+      if (slot < taken) s.order[atomicAdd(&s.hist[my_buckets[i]], 1u)] = slot;
+    }
+    __syncthreads();  // s.hist[b] now ends bucket b
+#pragma unroll
+    for (int i = 0; i < kListItems; ++i) {
+      const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+      if (slot >= taken) continue;
+      const uint32_t b = my_buckets[i];
+      const uint32_t first = b > 0 ? s.hist[b - 1] : 0, end = s.hist[b];
+      uint32_t rank = first;
+      for (uint32_t j = first; j < end; ++j) {
+        const int other = s.order[j];
+        const uint64_t other_code = code(s.list.keys[other], s.list.columns[other]);
+        rank += other_code < my_codes[i] || (other_code == my_codes[i] && other < slot);
+      }
+      put(static_cast<int>(rank), s.list.keys[slot], s.list.columns[slot]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
+    if (code_bits + 1 <= 32) {
+      SortAndPut<uint32_t, Shared::Sort32>(s.sort32, s, taken, code, put);
+    } else {
+      SortAndPut<uint64_t, Shared::Sort64>(s.sort64, s, taken, code, put);
+    }
+  }
+}
+
+// The items marked in `marked` (bit i: item i) to s.list from slot `at` on, their extremes
+// added to `span` (every thread calls it; a barrier must follow before they are read).
+__device__ __forceinline__ void ListMarked(Shared& s, const uint32_t (&keys)[kItems],
+                                           const int32_t (&columns)[kItems], uint32_t marked,
+                                           uint32_t at, Span& span) {
+  uint32_t key_min = 0xFFFFFFFFu, key_max = 0, column_min = 0xFFFFFFFFu, column_max = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (marked >> i & 1u) {
+      s.list.keys[at] = keys[i];
+      s.list.columns[at] = columns[i];
+      ++at;
+      const uint32_t column = static_cast<uint32_t>(columns[i]);
+      key_min = min(key_min, keys[i]), key_max = max(key_max, keys[i]);
+      column_min = min(column_min, column), column_max = max(column_max, column);
+    }
+  }
+  span.Add(key_min, key_max, column_min, column_max);
+}
+
+// The sample's rank whose key is the cutoff: k's share of the kThreads * kSamples sampled
+// positions plus 4 standard deviations (a binomial count's), so that fewer than k candidates
+// pass about once in 30000 rows of distinct keys.
+__device__ __forceinline__ uint32_t SampleRank(int64_t width, int32_t k) {
+  const float expected = static_cast<float>(k) * (kThreads * kSamples) / static_cast<float>(width);
+  return static_cast<uint32_t>(ceilf(expected + 4.0f * sqrtf(expected) + 1.0f));
+}
+
+// Step 0 (every thread calls it with block-uniform arguments): the sampled path of one row
+// held in keys / columns. Returns false, before it writes anything, when the row must take
+// steps 1-2 (s.hist zero again, the registers untouched).
+template <typename Values>
+__device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[kItems],
+                                              const int32_t (&columns)[kItems],
+                                              uint32_t sample_rank, int32_t k, bool sorted,
+                                              typename Values::Bits* row_out_values,
+                                              int32_t* row_out_indices) {
+  // The sample: items lane and lane + 16 of each thread, so every chunk (list) is sampled.
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  uint32_t sample[kSamples] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (i == lane) sample[0] = keys[i];
+    if (i == (lane + kItems / 2) % kItems) sample[1] = keys[i];
+  }
+  const auto key_of_sample = [&](int i, uint32_t& value) {
+    value = sample[i];
+    return value != 0;
+  };
+  Cut cut{0, 0, sample_rank, 0, 0, false};
+  SelectDigit<kSamples>(s, key_of_sample, cut, Values::kKeyBits);
+  if (!cut.exact) SelectDigit<kSamples>(s, key_of_sample, cut, Values::kKeyBits - kDigitBits);
+  const uint32_t cutoff = cut.prefix;  // 0 when the sample holds <= sample_rank keys: all pass
+
+  // The filter: candidates and kept ones counted in one scan (each total <= 16384 < 2^16).
+  uint32_t kept_mask = 0, my_candidates = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    kept_mask |= static_cast<uint32_t>(keys[i] != 0 && keys[i] >= cutoff) << i;
+    my_candidates += keys[i] != 0;
+  }
+  uint32_t totals;
+  uint32_t at = Positions(s, my_candidates << 16 | __popc(kept_mask), totals) & 0xFFFFu;
+  const int kept = static_cast<int>(totals & 0xFFFFu), candidates = static_cast<int>(totals >> 16);
+  const int taken = min(candidates, static_cast<int>(k));
+  if (kept < taken || kept > kListCapacity) return false;  // block-uniform
+  ListMarked(s, keys, columns, kept_mask, at, s.kept);
+  __syncthreads();
+
+  // The kept candidates' order code (key descending, column ascending) and its buckets.
+  OrderCode code{true, 0, 0, s.kept.key_max, s.kept.column_min};
+  if (kept > 0) {
+    code.key_bits = BitsOf(s.kept.key_max - s.kept.key_min);
+    code.column_bits = BitsOf(s.kept.column_max - s.kept.column_min);
+  }
+  const int code_bits = code.key_bits + code.column_bits;
+  const int bucket_shift = code_bits > kDigitBits ? code_bits - kDigitBits : 0;
+  const auto bucket_of = [&](int slot) {
+    return static_cast<uint32_t>(code(s.list.keys[slot], s.list.columns[slot]) >> bucket_shift);
+  };
+#pragma unroll
+  for (int i = 0; i < kListSlots; ++i) {
+    const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+    if (slot < kept) atomicAdd(&s.hist[bucket_of(slot)], 1u);
+  }
+  __syncthreads();
+  BucketStarts(s, taken, s.kept_bucket_max);
+  if (s.kept_bucket_max > kMaxBucket) {  // block-uniform: the registers' steps instead
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
+    __syncthreads();
+    return false;
+  }
+
+  // Slots by bucket; each kept candidate's rank: its bucket's start plus the smaller codes of
+  // its bucket (an equal code, the same (key, column), ranks by slot). A bucket starting at or
+  // past `taken` holds no winner: its entries are not ranked.
+#pragma unroll
+  for (int i = 0; i < kListSlots; ++i) {
+    const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+    if (slot < kept) s.order[atomicAdd(&s.hist[bucket_of(slot)], 1u)] = slot;
+  }
+  __syncthreads();  // s.hist[b] now ends bucket b
+  uint32_t ranks[kListSlots];
+  uint32_t my_keys[kListSlots];
+  int32_t my_columns[kListSlots];
+#pragma unroll
+  for (int i = 0; i < kListSlots; ++i) {
+    const int slot = i * kThreads + static_cast<int>(threadIdx.x);
+    ranks[i] = kListCapacity;  // no entry: never a winner
+    if (slot >= kept) continue;
+    my_keys[i] = s.list.keys[slot];
+    my_columns[i] = s.list.columns[slot];
+    const uint64_t my_code = code(my_keys[i], my_columns[i]);
+    const uint32_t b = static_cast<uint32_t>(my_code >> bucket_shift);
+    const uint32_t first = b > 0 ? s.hist[b - 1] : 0, end = s.hist[b];
+    if (first >= static_cast<uint32_t>(taken)) continue;
+    uint32_t rank = first;
+    for (uint32_t j = first; j < end; ++j) {
+      const int other = s.order[j];
+      const uint64_t other_code = code(s.list.keys[other], s.list.columns[other]);
+      rank += other_code < my_code || (other_code == my_code && other < slot);
+    }
+    ranks[i] = rank;
+  }
+  if (sorted) {  // the rank is the place
+    for (int slot = taken + threadIdx.x; slot < k; slot += kThreads) {
+      row_out_indices[slot] = kEmptySlot;
+      row_out_values[slot] = Values::kEmpty;
+    }
+#pragma unroll
+    for (int i = 0; i < kListSlots; ++i) {
+      if (ranks[i] < static_cast<uint32_t>(taken)) {
+        row_out_indices[ranks[i]] = my_columns[i];
+        row_out_values[ranks[i]] = Values::FromKey(my_keys[i]);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
+    return true;
+  }
+  //  Unsorted: the winners to s.list in rank order, then step 2's order by column.
+  __syncthreads();  // every rank read the list and s.hist
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
+  uint32_t key_min = 0xFFFFFFFFu, key_max = 0, column_min = 0xFFFFFFFFu, column_max = 0;
+#pragma unroll
+  for (int i = 0; i < kListSlots; ++i) {
+    if (ranks[i] < static_cast<uint32_t>(taken)) {
+      s.list.keys[ranks[i]] = my_keys[i];
+      s.list.columns[ranks[i]] = my_columns[i];
+      const uint32_t column = static_cast<uint32_t>(my_columns[i]);
+      key_min = min(key_min, my_keys[i]), key_max = max(key_max, my_keys[i]);
+      column_min = min(column_min, column), column_max = max(column_max, column);
+    }
+  }
+  s.winners.Add(key_min, key_max, column_min, column_max);
+  __syncthreads();
+  WriteInOrder<Values>(s, taken, k, false, row_out_values, row_out_indices);
+  return true;
+}
+
+// Four candidates by 16-byte loads (8-byte ones of 16-bit values): from global memory
+// streaming (kGlobal), else from the staged row in shared memory.
+template <bool kGlobal, typename Bits>
+__device__ __forceinline__ void LoadChunk(const Bits* values, const int32_t* columns,
+                                          Bits (&bits)[kChunk], int32_t (&cols)[kChunk]) {
+  const auto load = [](const auto* p) {
+    if constexpr (kGlobal)
+      return __ldcs(p);
+    else
+      return *p;
+  };
+  const int4 col4 = load(reinterpret_cast<const int4*>(columns));
+  cols[0] = col4.x, cols[1] = col4.y, cols[2] = col4.z, cols[3] = col4.w;
+  if constexpr (sizeof(Bits) == 4) {
+    const uint4 v = load(reinterpret_cast<const uint4*>(values));
+    bits[0] = v.x, bits[1] = v.y, bits[2] = v.z, bits[3] = v.w;
+  } else {
+    const uint2 v = load(reinterpret_cast<const uint2*>(values));
+    bits[0] = static_cast<Bits>(v.x), bits[1] = static_cast<Bits>(v.x >> 16);
+    bits[2] = static_cast<Bits>(v.y), bits[3] = static_cast<Bits>(v.y >> 16);
+  }
+}
+
 template <typename Values>
 __global__ void __launch_bounds__(kThreads, 1)
     MergeInRegistersKernel(const typename Values::Bits* values, const int32_t* indices,
                            int64_t rows, int64_t width, int32_t k, bool sorted, bool vector_loads,
-                           typename Values::Bits* out_values, int32_t* out_indices) {
+                           bool sampled, bool staged, typename Values::Bits* out_values,
+                           int32_t* out_indices) {
   using Bits = typename Values::Bits;
-  __shared__ Shared s;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];  // sizeof(Shared)
+  Shared& s = *reinterpret_cast<Shared*>(shared_bytes);
+  // The staged row (when `staged`): its values, then its columns, after s.
+  Bits* staged_values = reinterpret_cast<Bits*>(shared_bytes + StagedOffset());
+  const int32_t* staged_indices = reinterpret_cast<const int32_t*>(staged_values + width);
+  const uint32_t sample_rank = SampleRank(width, k);
   for (int j = threadIdx.x; j < kBins; j += kThreads) s.hist[j] = 0;
-  __syncthreads();
   const int64_t grid = gridDim.x;
+  if (staged && threadIdx.x == 0) {
+    InitBarrier(s.row_landed);
+    StageRow(s.row_landed, staged_values, values, indices, blockIdx.x, width);
+  }
+  __syncthreads();
   // Block-uniform row loop: each block takes rows blockIdx.x, + grid, ...
-  for (int64_t row = blockIdx.x; row < rows; row += grid) {
+  int64_t visit = 0;  // rows this block has taken: the landing barrier's phase
+  for (int64_t row = blockIdx.x; row < rows; row += grid, ++visit) {
     if (threadIdx.x == 0) {
       s.equal_taken = 0;
-      s.key_min = s.column_min = 0xFFFFFFFFu;
-      s.key_max = s.column_max = s.bucket_max = 0;
-      if (row + grid < rows) {
-        PrefetchRange(values + (row + grid) * width, width * sizeof(Bits));
-        PrefetchRange(indices + (row + grid) * width, width * sizeof(int32_t));
+      s.winners.Reset(), s.kept.Reset();
+      s.bucket_max = s.kept_bucket_max = 0;
+      const int64_t ahead = row + (staged ? 2 : 1) * grid;  // the next row not yet asked for
+      if (ahead < rows) {
+        PrefetchRange(values + ahead * width, width * sizeof(Bits));
+        PrefetchRange(indices + ahead * width, width * sizeof(int32_t));
       }
     }
+    if (staged) WaitForPhase(s.row_landed, static_cast<uint32_t>(visit & 1));
     // 1. The row: key 0 marks no candidate (column < 0, NaN, past the row); every other
     //    ordered key is > 0.
     const Bits* row_values = values + row * width;
@@ -234,17 +622,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t first = (int64_t{c} * kThreads + threadIdx.x) * kChunk;
       Bits bits[kChunk];
       int32_t cols[kChunk];
-      if (vector_loads && first < width) {
-        const int4 col4 = __ldcs(reinterpret_cast<const int4*>(row_indices + first));
-        cols[0] = col4.x, cols[1] = col4.y, cols[2] = col4.z, cols[3] = col4.w;
-        if constexpr (sizeof(Bits) == 4) {
-          const uint4 v = __ldcs(reinterpret_cast<const uint4*>(row_values + first));
-          bits[0] = v.x, bits[1] = v.y, bits[2] = v.z, bits[3] = v.w;
-        } else {
-          const uint2 v = __ldcs(reinterpret_cast<const uint2*>(row_values + first));
-          bits[0] = static_cast<Bits>(v.x), bits[1] = static_cast<Bits>(v.x >> 16);
-          bits[2] = static_cast<Bits>(v.y), bits[3] = static_cast<Bits>(v.y >> 16);
-        }
+      if (staged && first < width) {  // the row in shared memory, landed by the copy engine
+        LoadChunk<false>(staged_values + first, staged_indices + first, bits, cols);
+      } else if (vector_loads && first < width) {
+        LoadChunk<true>(row_values + first, row_indices + first, bits, cols);
       } else {
 #pragma unroll
         for (int q = 0; q < kChunk; ++q) {
@@ -260,7 +641,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         columns[c * kChunk + q] = cols[q];
       }
     }
+    if (staged) {
+      __syncthreads();  // every thread holds its items: the buffer takes the next row
+      if (threadIdx.x == 0 && row + grid < rows)
+        StageRow(s.row_landed, staged_values, values, indices, row + grid, width);
+    }
 
+    if (sampled && MergeBySample<Values>(s, keys, columns, sample_rank, k, sorted,
+                                         out_values + row * k, out_indices + row * k)) {
+      __syncthreads();  // the list's storage is the next row's
+      continue;
+    }
     // 2. The k-th key: its first digit over the registers, the rest over a shared list of the
     //    boundary bin's entries when they fit (else over the registers again).
     const auto key_of_register = [&](int i, uint32_t& value) {
@@ -346,110 +737,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     uint32_t winner_total;
     uint32_t at = Positions(s, __popc(wins), winner_total);
-    uint32_t key_min = 0xFFFFFFFFu, key_max = 0, column_min = 0xFFFFFFFFu, column_max = 0;
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      if (wins >> i & 1u) {
-        s.list.keys[at] = keys[i];
-        s.list.columns[at] = columns[i];
-        ++at;
-        const uint32_t column = static_cast<uint32_t>(columns[i]);
-        key_min = min(key_min, keys[i]), key_max = max(key_max, keys[i]);
-        column_min = min(column_min, column), column_max = max(column_max, column);
-      }
-    }
-    key_min = __reduce_min_sync(kAllLanes, key_min);
-    key_max = __reduce_max_sync(kAllLanes, key_max);
-    column_min = __reduce_min_sync(kAllLanes, column_min);
-    column_max = __reduce_max_sync(kAllLanes, column_max);
-    if (threadIdx.x % 32 == 0) {
-      atomicMin(&s.key_min, key_min), atomicMax(&s.key_max, key_max);
-      atomicMin(&s.column_min, column_min), atomicMax(&s.column_max, column_max);
-    }
+    ListMarked(s, keys, columns, wins, at, s.winners);
     __syncthreads();
 
     // 4. Each winner's rank in the output order, and the writes.
-    OrderCode code{sorted, 0, 0, s.key_max, s.column_min};
-    if (taken > 0) {
-      code.key_bits = BitsOf(s.key_max - s.key_min);
-      code.column_bits = BitsOf(s.column_max - s.column_min);
-    }
-    const int code_bits = code.key_bits + code.column_bits;
-    Bits* row_out_values = out_values + row * k;
-    int32_t* row_out_indices = out_indices + row * k;
-    const auto put = [&](int rank, uint32_t key, int32_t column) {
-      row_out_indices[rank] = column;
-      row_out_values[rank] = Values::FromKey(key);
-    };
-    for (int slot = taken + threadIdx.x; slot < k; slot += kThreads) {
-      row_out_indices[slot] = kEmptySlot;
-      row_out_values[slot] = Values::kEmpty;
-    }
-    //    Buckets: the top 11 bits of the code; their counts and starts (ascending).
-    const int bucket_shift = code_bits > kDigitBits ? code_bits - kDigitBits : 0;
-    uint64_t my_codes[kListItems];
-    uint32_t my_buckets[kListItems];
-#pragma unroll
-    for (int i = 0; i < kListItems; ++i) {
-      const int slot = i * kThreads + static_cast<int>(threadIdx.x);
-      my_codes[i] = slot < taken ? code(s.list.keys[slot], s.list.columns[slot]) : 0;
-      my_buckets[i] = static_cast<uint32_t>(my_codes[i] >> bucket_shift);
-      if (slot < taken) atomicAdd(&s.hist[my_buckets[i]], 1u);
-    }
-    __syncthreads();
-    uint32_t counts[kBinsPerThread];
-    uint32_t mine = 0, largest = 0;
-#pragma unroll
-    for (int j = 0; j < kBinsPerThread; ++j) {
-      counts[j] = s.hist[threadIdx.x * kBinsPerThread + j];
-      mine += counts[j];
-      largest = max(largest, counts[j]);
-    }
-    uint32_t bucket_total;
-    uint32_t start = Positions(s, mine, bucket_total);
-#pragma unroll
-    for (int j = 0; j < kBinsPerThread; ++j) {
-      s.hist[threadIdx.x * kBinsPerThread + j] = start;
-      start += counts[j];
-    }
-    largest = __reduce_max_sync(kAllLanes, largest);
-    if (threadIdx.x % 32 == 0) atomicMax(&s.bucket_max, largest);
-    __syncthreads();
-    if (s.bucket_max <= kMaxBucket) {
-      //  Slots by bucket, then each winner's rank: its bucket's start plus the winners of its
-      //  bucket with a smaller code (or an equal one at a lower slot).
-#pragma unroll
-      for (int i = 0; i < kListItems; ++i) {
-        const int slot = i * kThreads + static_cast<int>(threadIdx.x);
-        if (slot < taken) s.order[atomicAdd(&s.hist[my_buckets[i]], 1u)] = slot;
-      }
-      __syncthreads();  // s.hist[b] now ends bucket b
-#pragma unroll
-      for (int i = 0; i < kListItems; ++i) {
-        const int slot = i * kThreads + static_cast<int>(threadIdx.x);
-        if (slot >= taken) continue;
-        const uint32_t b = my_buckets[i];
-        const uint32_t first = b > 0 ? s.hist[b - 1] : 0, end = s.hist[b];
-        uint32_t rank = first;
-        for (uint32_t j = first; j < end; ++j) {
-          const int other = s.order[j];
-          const uint64_t other_code = code(s.list.keys[other], s.list.columns[other]);
-          rank += other_code < my_codes[i] || (other_code == my_codes[i] && other < slot);
-        }
-        put(static_cast<int>(rank), s.list.keys[slot], s.list.columns[slot]);
-      }
-      __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
-    } else {
-#pragma unroll
-      for (int j = 0; j < kBinsPerThread; ++j) s.hist[threadIdx.x * kBinsPerThread + j] = 0;
-      if (code_bits + 1 <= 32) {
-        SortAndPut<uint32_t, Shared::Sort32>(s.sort32, s, taken, code, put);
-      } else {
-        SortAndPut<uint64_t, Shared::Sort64>(s.sort64, s, taken, code, put);
-      }
-    }
+    WriteInOrder<Values>(s, taken, k, sorted, out_values + row * k, out_indices + row * k);
     __syncthreads();  // the list's storage is the next row's
   }
 }

@@ -16,7 +16,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cub/block/block_radix_sort.cuh>
+#include <string_view>
 
 #include "common/topk_common.h"
 #include "common/value_traits.h"
@@ -205,8 +207,29 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// Which of the register kernel's steps run. By default the sampled path and the staged row
+// for sorted output only: measured on the H200 (benches/NOTES.md, helper merge-speed), they
+// make sorted rows 19 % (float32) / 14 % (bfloat16) faster but unsorted ones 7 % / 27 %
+// slower (the sampled path ranks ~2800 candidates by the sorted code, then the winners again
+// by column). Timing switch, read at each launch (a fresh jit each, so one process times them
+// all): JAX_TOPK_MERGE_VARIANT=old (neither), sampled (that path alone), staged (both), for
+// either order.
+struct RegisterVariant {
+  bool sampled, staged;
+};
+RegisterVariant ChosenVariant(bool sorted) {
+  const char* name = std::getenv("JAX_TOPK_MERGE_VARIANT");
+  const std::string_view chosen = name == nullptr ? "" : name;
+  if (chosen == "old") return {false, false};
+  if (chosen == "sampled") return {true, false};
+  if (chosen == "staged") return {true, true};
+  return {sorted, sorted};
+}
+
 // Rows of m <= merge_registers::kMaxWidth: a persistent grid of one block an SM (the kernel's
-// registers allow no second), each pulling its next row into L2 while it works on this one.
+// registers allow no second), each pulling a row ahead into L2 and, where the row's two parts
+// are 16-byte multiples at 16-byte addresses, the next row into shared memory by bulk copies
+// while it works on this one.
 template <typename Values>
 cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   using Bits = typename Values::Bits;
@@ -220,10 +243,18 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   const bool vector_loads = p.width % merge_registers::kChunk == 0 &&
                             reinterpret_cast<uintptr_t>(p.values) % (4 * sizeof(Bits)) == 0 &&
                             reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  merge_registers::MergeInRegistersKernel<Values>
-      <<<static_cast<unsigned>(grid), merge_registers::kThreads, 0, stream>>>(
-          static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted,
-          vector_loads, static_cast<Bits*>(p.out_values), p.out_indices);
+  const RegisterVariant variant = ChosenVariant(p.sorted);
+  const bool staged = variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.values) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
+  const auto kernel = merge_registers::MergeInRegistersKernel<Values>;
+  const size_t shared_bytes = merge_registers::SharedBytes<Bits>(staged, p.width);
+  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(shared_bytes));
+  if (status != cudaSuccess) return status;
+  kernel<<<static_cast<unsigned>(grid), merge_registers::kThreads, shared_bytes, stream>>>(
+      static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted, vector_loads,
+      variant.sampled, staged, static_cast<Bits*>(p.out_values), p.out_indices);
   return cudaGetLastError();
 }
 

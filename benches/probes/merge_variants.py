@@ -1,0 +1,66 @@
+"""merge_topk's register-kernel variants at issue 14's shape (benches/probes/merge_rows.py's
+inputs), chosen by JAX_TOPK_MERGE_VARIANT (read at each launch; a fresh jit a variant): `old`
+(the radix select from the registers), `sampled` (the sampled path first), `staged` (the
+sampled path and the next row staged in shared memory by bulk copies), `default` (unset: staged
+for sorted output, old for unsorted). Each variant's result
+on the first input set is checked bit for bit against the CPU handler; a table comes last.
+Run on the GPU from the repo root: python -m benches.probes.merge_variants [VARIANT ...]"""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_topk
+from benches.bench import copy_bandwidth_tbps, device_time_us
+from benches.probes.merge_rows import ROWS, SHARDS, K, candidate_sets
+
+
+def merge_on(device, inputs, sorted_):
+    call = jax.jit(lambda v, i: jax_topk.merge_topk(v, i, K, sorted=sorted_))
+    return [np.asarray(o) for o in call(*jax.device_put(inputs, device))]
+
+
+def same_bits(got, want):
+    return all(
+        np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
+        for a, b in zip(got, want)
+    )
+
+
+def main():
+    variants = sys.argv[1:] or ["old", "sampled", "staged"]
+    gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
+    tbps = copy_bandwidth_tbps()
+    print(f"copy bandwidth {tbps:.2f} TB/s", flush=True)
+    table = []
+    for dtype in (jnp.float32, jnp.bfloat16):
+        sets = candidate_sets(4, dtype)
+        floor_us = ROWS * SHARDS * K * (jnp.dtype(dtype).itemsize + 4) / (tbps * 1e6)
+        for sorted_ in (True, False):
+            want = merge_on(cpu, sets[0], sorted_)
+            for variant in variants:
+                if variant == "default":
+                    os.environ.pop("JAX_TOPK_MERGE_VARIANT", None)
+                else:
+                    os.environ["JAX_TOPK_MERGE_VARIANT"] = variant
+                exact = same_bits(merge_on(gpu, sets[0], sorted_), want)
+                fn = jax.jit(lambda v, i, o=sorted_: jax_topk.merge_topk(v, i, K, sorted=o))
+                t = device_time_us(fn, sets, 8)
+                row = (variant, jnp.dtype(dtype).name, sorted_, t, floor_us, exact)
+                print(row, flush=True)
+                table.append(row)
+        del sets
+    print("\n| variant | dtype | sorted | us | floor us | x floor | exact vs CPU |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for variant, dtype, sorted_, t, floor_us, exact in table:
+        print(
+            f"| {variant} | {dtype} | {sorted_} | {t:.1f} | {floor_us:.1f} | "
+            f"{t / floor_us:.2f} | {exact} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
