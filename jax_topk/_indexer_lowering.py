@@ -9,9 +9,10 @@ lowers to the custom call of `IndexerParams.target`: the CPU handler, the CUDA h
 everywhere else and when forced (`_lowering.forced_fallback`), `_fallback.indexer_call`.
 
 On CUDA, indexer_topk gets two workspaces as extra results (dropped at once, never seen by
-the user): the float32 logits [B * M * N] and topk_filtered's selection workspace. This
-first CUDA version still writes the logits to that workspace and selects from it with the
-filtered kernel; the fused kernel that keeps them on chip is later work (issue 15).
+the user), sized by cuda/common/indexer_topk_workspace.h: one that holds the sample and the
+kept candidates of the fused kernels (or the float32 logits [B * M * N] of the rows that fall
+back to the exact route, and of the unfused path), and one for the per-row state (at least
+topk_filtered's workspace, which the unfused path hands to the filtered kernel).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from jax.interpreters import mlir
 
 from . import _compat, _fallback
 from ._indexer_contract import TOPK, IndexerOperands, IndexerParams
-from ._lowering import filtered_workspace_bytes, uses_fallback
+from ._lowering import indexer_topk_workspace_bytes, uses_fallback
 
 
 def native_operands(operands: IndexerOperands, params: IndexerParams) -> IndexerOperands:
@@ -55,13 +56,12 @@ def _handler_lowering(ctx, *operands, params: IndexerParams, with_workspaces: bo
         batch, queries = ctx.avals_in[0].shape[:2]
         keys_count = ctx.avals_in[1].shape[1]
         rows = batch * queries
+        logits_bytes, selection_bytes = indexer_topk_workspace_bytes(rows, keys_count, params.k)
         ctx = _compat.with_extra_results(
             ctx,
             [
-                jax.core.ShapedArray((rows * keys_count,), np.float32),  # the logits
-                jax.core.ShapedArray(
-                    (filtered_workspace_bytes(rows, keys_count, params.k),), np.uint8
-                ),
+                jax.core.ShapedArray((logits_bytes,), np.uint8),
+                jax.core.ShapedArray((selection_bytes,), np.uint8),
             ],
         )
     results = jax.ffi.ffi_lowering(params.target)(ctx, *operands, **params.ffi_attributes())
