@@ -20,7 +20,13 @@ from benches.bench import Shape, traced_kernel_events, wall_time_us
 from jax_topk import indexer_logits, indexer_topk
 
 SHAPES = ["1x131072", "32x131072", "128x65536", "512x65536"]
-MODES = ("unfused", "fused", "auto")
+# (name, JAX_TOPK_INDEXER_TOPK, JAX_TOPK_INDEXER_SAMPLE_STRIDE)
+MODES = (
+    ("unfused", "unfused", "32"),
+    ("fused", "fused", "32"),
+    ("fused64", "fused", "64"),
+    ("auto", "auto", "32"),
+)
 CALLS = 20
 
 
@@ -54,8 +60,9 @@ def bench(shape: Shape) -> dict:
     record = {"shape": f"{shape.dtype} {shape.rows}x{shape.n}"}
     record["logits_us"] = float(sum(per_call_kernels(logits, inputs)))
     results = {}
-    for mode in MODES:
-        os.environ["JAX_TOPK_INDEXER_TOPK"] = mode
+    for mode, path, stride in MODES:
+        os.environ["JAX_TOPK_INDEXER_TOPK"] = path
+        os.environ["JAX_TOPK_INDEXER_SAMPLE_STRIDE"] = stride
         call = topk_call(shape.k)
         results[mode] = [np.asarray(call(*inputs_set)) for inputs_set in inputs]
         kernels = per_call_kernels(call, inputs)
@@ -63,8 +70,10 @@ def bench(shape: Shape) -> dict:
         record[f"{mode}_kernels_us"] = [round(float(t), 2) for t in kernels]
         record[f"{mode}_wall_us"] = wall_time_us(call, inputs, 10)
     os.environ.pop("JAX_TOPK_INDEXER_TOPK")
+    os.environ.pop("JAX_TOPK_INDEXER_SAMPLE_STRIDE")
     record["fused_equals_unfused"] = all(
-        np.array_equal(a, b) for a, b in zip(results["fused"], results["unfused"])
+        np.array_equal(a, b) and np.array_equal(c, b)
+        for a, b, c in zip(results["fused"], results["unfused"], results["fused64"])
     )
     return record
 
@@ -85,14 +94,14 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
     print(
-        f"{'shape':>22} {'logits':>8} {'unfused':>8} {'fused':>8} {'auto':>8} "
-        f"{'wall unf':>9} {'wall fus':>9} exact"
+        f"{'shape':>22} {'logits':>8} {'unfused':>8} {'fused':>8} {'fused64':>8} {'auto':>8} "
+        f"{'wall unf':>9} {'wall fus':>9} {'wall f64':>9} exact"
     )
     for r in records:
         print(
             f"{r['shape']:>22} {r['logits_us']:8.1f} {r['unfused_us']:8.1f} {r['fused_us']:8.1f} "
-            f"{r['auto_us']:8.1f} {r['unfused_wall_us']:9.1f} {r['fused_wall_us']:9.1f} "
-            f"{r['fused_equals_unfused']}"
+            f"{r['fused64_us']:8.1f} {r['auto_us']:8.1f} {r['unfused_wall_us']:9.1f} "
+            f"{r['fused_wall_us']:9.1f} {r['fused64_wall_us']:9.1f} {r['fused_equals_unfused']}"
         )
     return 0
 

@@ -119,6 +119,7 @@ struct TileShape {
       kStagingOffset + kWarpgroups * kQueriesPerTile * kKeysPerTile * 4;
   static constexpr int kBytes = kLengthsOffset + kQueriesPerTile * 4;
   static constexpr int kBytesWithAlignment = kBytes + kAtomBytes;  // room to align the base
+  static constexpr int kSinkOffset = (kBytes + 15) / 16 * 16;      // a sink's own shared memory
 };
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
@@ -227,6 +228,11 @@ struct IndexerArgs {
 
 // The logits (or the sample's) to memory; tiles past every length of the tile are -inf.
 struct WriteLogits {
+  template <int kQueriesPerTile>
+  static constexpr int kWarpgroupBytes = 0;  // no shared memory of its own
+  __device__ static void Start(unsigned char*, int) {}
+  template <int kQueriesPerTile>
+  __device__ static void EndRun(const IndexerArgs&, unsigned char*, int64_t, int, int, int) {}
   // Entry i of the tile (query i / 64, key i % 64) gets value(i).
   template <int kQueriesPerTile, typename Value>
   __device__ static void Store(const IndexerArgs& args, int64_t sequence, int first_query,
@@ -241,8 +247,9 @@ struct WriteLogits {
     }
   }
   template <int kQueriesPerTile>
-  __device__ static void Tile(const IndexerArgs& args, int64_t sequence, int first_query,
-                              int first_key, int first_column, const float* tile, int thread) {
+  __device__ static void Tile(const IndexerArgs& args, unsigned char*, int64_t sequence,
+                              int first_query, int first_key, int first_column, const float* tile,
+                              int thread, int) {
     Store<kQueriesPerTile>(args, sequence, first_query, first_key, first_column, thread,
                            [&](int i) { return tile[i]; });
   }
@@ -254,16 +261,46 @@ struct WriteLogits {
   }
 };
 
-// indexer_topk's filter: appends each value >= its row's threshold at a column below the row's
-// length (NaN never) to the row's candidates, one atomic per warp; the count goes on past the
-// capacity, so that the selection sees the overflow.
+// indexer_topk's filter: each value >= its row's threshold at a column below the row's length
+// (NaN never) goes to the row's candidates, staged in this warpgroup's shared memory (a shared
+// atomic a warp with a hit) and flushed to the row's global buffer when nearly full and at the
+// end of each run (one global atomic a flush: a global atomic a tile would put its round trip
+// into every tile's epilogue). The count goes on past the capacity, so the selection sees it.
 struct KeepCandidates {
+  static constexpr int kStaged = 256;      // a query's staged entries; a tile adds at most 64
+  static constexpr int kHeaderBytes = 32;  // counts[4], bases[4]
   template <int kQueriesPerTile>
-  __device__ static void Tile(const IndexerArgs& args, int64_t sequence, int first_query,
-                              int first_key, int, const float* tile, int thread) {
-    // A warp's 32 entries are one query's (64 keys a query): one row, one atomic.
+  static constexpr int kWarpgroupBytes = kHeaderBytes + kQueriesPerTile * kStaged * 8;
+  __device__ static int* Counts(unsigned char* space) { return reinterpret_cast<int*>(space); }
+  __device__ static uint2* Staged(unsigned char* space, int query) {
+    return reinterpret_cast<uint2*>(space + kHeaderBytes) + query * kStaged;
+  }
+  __device__ static void Start(unsigned char* space, int thread) {
+    if (thread < 4) Counts(space)[thread] = 0;  // visible after the first run's barrier
+  }
+  // Moves query j's staged entries to its row's buffer; called by the whole warpgroup.
+  __device__ static void Flush(const IndexerArgs& args, unsigned char* space, int64_t row, int j,
+                               int count, int thread, int warpgroup) {
+    int* bases = Counts(space) + 4;
+    if (thread == 0) bases[j] = atomicAdd(args.counts + row, count);
+    WarpgroupBarrier(warpgroup);
+    const int base = bases[j];
+    const uint2* staged = Staged(space, j);
+    for (int e = thread; e < count; e += kThreadsPerWarpgroup) {
+      if (base + e < args.capacity) args.candidates[row * args.capacity + base + e] = staged[e];
+    }
+    WarpgroupBarrier(warpgroup);  // every thread is done with the entries and the base
+    if (thread == 0) Counts(space)[j] = 0;
+  }
+  template <int kQueriesPerTile>
+  __device__ static void Tile(const IndexerArgs& args, unsigned char* space, int64_t sequence,
+                              int first_query, int first_key, int, const float* tile, int thread,
+                              int warpgroup) {
+    int* counts = Counts(space);
+    // A warp's 32 entries are one query's (64 keys a query): one shared atomic a warp.
     for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {
-      const int query = first_query + i / kKeysPerTile;
+      const int j = i / kKeysPerTile;
+      const int query = first_query + j;
       const int key = first_key + i % kKeysPerTile;
       const int64_t row = sequence * args.queries + query;
       const float value = tile[i];
@@ -278,13 +315,31 @@ struct KeepCandidates {
       const int lane = thread % 32;
       const int leader = __ffs(keepers) - 1;
       int base = 0;
-      if (lane == leader) base = atomicAdd(args.counts + row, __popc(keepers));
+      if (lane == leader) base = atomicAdd(counts + j, __popc(keepers));
       base = __shfl_sync(0xFFFFFFFFu, base, leader);
-      const int position = base + __popc(keepers & ((1u << lane) - 1u));
-      if (keep && position < args.capacity) {
-        args.candidates[row * args.capacity + position] =
+      if (keep) {
+        Staged(space, j)[base + __popc(keepers & ((1u << lane) - 1u))] =
             make_uint2(__float_as_uint(value), static_cast<uint32_t>(key));
       }
+    }
+    WarpgroupBarrier(warpgroup);
+#pragma unroll
+    for (int j = 0; j < kQueriesPerTile; ++j) {
+      const int count = counts[j];  // the same for every thread: read after the barrier
+      if (count > kStaged - kKeysPerTile)
+        Flush(args, space, sequence * args.queries + first_query + j, j, count, thread, warpgroup);
+    }
+  }
+  // The run's last staged entries (the next run has other rows).
+  template <int kQueriesPerTile>
+  __device__ static void EndRun(const IndexerArgs& args, unsigned char* space, int64_t sequence,
+                                int first_query, int thread, int warpgroup) {
+    WarpgroupBarrier(warpgroup);
+#pragma unroll
+    for (int j = 0; j < kQueriesPerTile; ++j) {
+      const int count = Counts(space)[j];
+      if (count > 0)
+        Flush(args, space, sequence * args.queries + first_query + j, j, count, thread, warpgroup);
     }
   }
   template <int kQueriesPerTile>
@@ -379,6 +434,10 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   const int lane = thread % 32;
   unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * Shape::kWarpgroupKeyBytes;
   unsigned char* my_operand = my_stages + kStages * kStageBytes;  // converting inputs only
+  // The sink's own shared memory, after the kernel's: a part for each warpgroup.
+  unsigned char* my_sink_space =
+      shared + Shape::kSinkOffset + warpgroup * Sink::template kWarpgroupBytes<kQueriesPerTile>;
+  Sink::Start(my_sink_space, thread);
   float* my_staging = reinterpret_cast<float*>(shared + Shape::kStagingOffset) +
                       warpgroup * kQueriesPerTile * kKeysPerTile;
 
@@ -584,10 +643,13 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         }
       }
       WarpgroupBarrier(warpgroup);
-      Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key,
-                                           tile_index * kKeysPerTile, my_staging, thread);
+      Sink::template Tile<kQueriesPerTile>(args, my_sink_space, sequence, first_query, first_key,
+                                           tile_index * kKeysPerTile, my_staging, thread,
+                                           warpgroup);
     }
     WaitCopies<0>();  // no copy may land in a stage after the next run starts
+    Sink::template EndRun<kQueriesPerTile>(args, my_sink_space, sequence, first_query, thread,
+                                           warpgroup);
 
     // Tiles past every length of the tile: no products (-inf logits).
     for (int tile = visible_end_tile + warpgroup; tile < end_tile; tile += kWarpgroups) {
@@ -627,11 +689,13 @@ cudaError_t LaunchTiles(const IndexerProblem& problem, const IndexerWgmmaPass& p
                         cudaStream_t stream) {
   using Shape = TileShape<Input, kQueriesPerTile>;
   auto kernel = IndexerLogitsWgmmaKernel<Input, kQueriesPerTile, kHasScales, Sink>;
+  constexpr int kSharedBytes = Shape::kSinkOffset + kAtomBytes +
+                               kWarpgroups * Sink::template kWarpgroupBytes<kQueriesPerTile>;
   // The shared-memory limit is per device and per kernel; raised once each.
   static std::atomic<bool> limit_raised[kMaxDevices];
   if (!limit_raised[device].load(std::memory_order_relaxed)) {
-    cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              Shape::kBytesWithAlignment);
+    cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
     if (status != cudaSuccess) return status;
     limit_raised[device].store(true, std::memory_order_relaxed);
   }
@@ -661,7 +725,7 @@ cudaError_t LaunchTiles(const IndexerProblem& problem, const IndexerWgmmaPass& p
   // A listed pass's units are known on the device only: one block an SM, the spare ones idle.
   const int64_t sms = device_sm_count[device].load();
   const int64_t blocks = pass.tile_list != nullptr ? sms : std::min<int64_t>(args.units, sms);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, Shape::kBytesWithAlignment, stream>>>(args);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -1,10 +1,10 @@
 // indexer_topk on CUDA: the indices of topk_filtered over indexer_logits' bits, the logits kept
 // out of memory (fused path) where the tensor-core kernel runs the problem. Launches, in order
 // on the stream (none reads anything back to the host):
-//  1. Sample: the tensor-core kernel over every 32nd key tile writes those logits (the sample,
-//     1/32 of the work) to the logits workspace.
-//  2. Cutoffs (one block a row): the ordered key of about the (k/32 + 4 sqrt(k/32) + 8)-th
-//     largest sampled value, which the row's k-th largest should lie above; rows of at most
+//  1. Sample: the tensor-core kernel over every s-th key tile (s = 32) writes those logits (the
+//     sample, 1/s of the work) to the logits workspace.
+//  2. Cutoffs (one block a row): the ordered key of the (e + 4 sqrt(e) + 8)-th largest sampled
+//     value (e = k / s), which the row's k-th largest should lie above; rows of at most
 //     kIndexerMaxCandidates columns keep every value. Also zeroes the row's counters.
 //  3. Main pass: the tensor-core kernel over all keys with the KeepCandidates sink: each row's
 //     values >= its cutoff's threshold (an upper set of the total order) go to its candidates.
@@ -53,7 +53,8 @@ struct IndexerTopkLaunch {
   int32_t query_tiles;       // a sequence's
   const float* sample;       // [rows][sample_columns]
   int64_t sample_columns;
-  uint2* candidates;  // [rows][capacity]
+  int32_t sample_stride;  // the sample's tile t is key tile sample_stride * t
+  uint2* candidates;      // [rows][capacity]
   int32_t capacity;
   const float* logits;  // [rows][width], for the recomputed rows
   IndexerTopkState state;
@@ -66,12 +67,12 @@ __device__ __forceinline__ int32_t TileOfRow(const IndexerTopkLaunch& launch, in
   return static_cast<int32_t>(sequence * launch.query_tiles + query / launch.queries_per_tile);
 }
 
-// Sampled columns below `length`: the sample's tile t is key tile 32 t, so they are a prefix.
-__device__ __forceinline__ int SampledPositions(int length) {
-  const int tiles = static_cast<int>((IndexerKeyTiles(length) + kIndexerSampleTileStride - 1) /
-                                     kIndexerSampleTileStride);
+// Sampled columns below `length`: the sample's tile t is key tile stride * t, so they are a
+// prefix.
+__device__ __forceinline__ int SampledPositions(int length, int stride) {
+  const int tiles = static_cast<int>((IndexerKeyTiles(length) + stride - 1) / stride);
   if (tiles == 0) return 0;
-  const int last_start = (tiles - 1) * static_cast<int>(kIndexerSampleTileStride * kIndexerKeyTile);
+  const int last_start = (tiles - 1) * stride * static_cast<int>(kIndexerKeyTile);
   const int in_last = min(static_cast<int>(kIndexerKeyTile), length - last_start);
   return (tiles - 1) * static_cast<int>(kIndexerKeyTile) + in_last;
 }
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) CutoffKernel(const IndexerTo
   const int length = RowLength(launch.problem, row);
   uint32_t cutoff = 0;  // keeps every value
   if (length > launch.capacity) {
-    const int positions = SampledPositions(length);
+    const int positions = SampledPositions(length, launch.sample_stride);
     const RowSource<RowElements<ScoreType::kFloat32>> sample{
         launch.sample + row * launch.sample_columns, 0, positions};
     sample.ForEach([&](uint32_t bits, int32_t, bool valid) {
@@ -186,6 +187,15 @@ IndexerTopkPath PathFromEnvironment() {
   return IndexerTopkPath::kAuto;
 }
 
+// The sample's key-tile stride: kIndexerSampleTileStride, or a multiple of it from
+// JAX_TOPK_INDEXER_SAMPLE_STRIDE (a probe's knob: a sparser sample fits the same workspace).
+int32_t SampleStrideFromEnvironment() {
+  const char* given = std::getenv("JAX_TOPK_INDEXER_SAMPLE_STRIDE");
+  const int stride = given == nullptr ? 0 : std::atoi(given);
+  constexpr int kStride = static_cast<int>(kIndexerSampleTileStride);
+  return stride >= kStride && stride <= 1024 && stride % kStride == 0 ? stride : kStride;
+}
+
 cudaError_t LaunchUnfused(const IndexerProblem& logits, const TopkProblem& selection,
                           void* logits_workspace, void* selection_workspace, size_t selection_bytes,
                           cudaStream_t stream) {
@@ -245,6 +255,7 @@ cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& s
   float* const logits_base = static_cast<float*>(logits_workspace);
   launch.sample = logits_base;
   launch.sample_columns = IndexerSampleColumns(width);
+  launch.sample_stride = SampleStrideFromEnvironment();
   launch.candidates = reinterpret_cast<uint2*>(static_cast<unsigned char*>(logits_workspace) +
                                                IndexerCandidatesOffset(rows, width));
   launch.capacity = static_cast<int32_t>(IndexerCandidateCapacity(width));
@@ -262,7 +273,7 @@ cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& s
   // 1. The sample, where some row may be longer than its candidates' capacity.
   if (width > launch.capacity) {
     IndexerWgmmaPass sample;
-    sample.key_tile_stride = static_cast<int32_t>(kIndexerSampleTileStride);
+    sample.key_tile_stride = launch.sample_stride;
     sample.logits = logits_base;
     sample.logits_pitch = launch.sample_columns;
     status = LaunchIndexerWgmmaPass(logits, sample, stream);
