@@ -1,9 +1,10 @@
 """indexer_topk's fused CUDA path (cuda/kernels/indexer_topk.cu: sample, cutoffs, candidates
 kept by the tensor-core kernel, their selection, and the exact route over recomputed logits)
-against topk_filtered(indexer_logits) on the GPU, bit for bit, forced on (and, for the same
-inputs, off) through JAX_TOPK_INDEXER_TOPK. The inputs drive each route: rows short enough to
-keep every value (count exactly k at length k), sampled rows, and rows the sample cannot settle
-(every logit 0, a few distinct keys, a key order that fools the sample both ways)."""
+against topk_filtered(indexer_logits) on the GPU, bit for bit, asked for through
+JAX_TOPK_INDEXER_TOPK=fused (and, for the same inputs, the default unfused path). The inputs
+drive each route: rows short enough to keep every value (count exactly k at length k), sampled
+rows, and rows the sample cannot settle (every logit 0, a few distinct keys, a key order that
+fools the sample both ways). Run with XLA_PYTHON_CLIENT_PREALLOCATE=false under xdist."""
 
 from __future__ import annotations
 

@@ -49,9 +49,10 @@ cudaError_t LaunchIndexerWgmmaPass(const IndexerProblem& problem, const IndexerW
                                    cudaStream_t stream);
 
 // indexer_topk (kernels/indexer_topk.cu): the indices of topk_filtered over the logits of
-// LaunchIndexerLogits, into selection.out (selection.scores unused). The workspaces are sized
-// by common/indexer_topk_workspace.h; smaller ones (or a problem the tensor-core kernel does not
-// run) take the unfused path: the logits into logits_workspace, then the filtered kernel.
+// LaunchIndexerLogits, into selection.out (selection.scores unused). By default the unfused
+// path: the logits into logits_workspace, then the filtered kernel over them. The fused path
+// where JAX_TOPK_INDEXER_TOPK=fused, the tensor-core kernel runs the problem and the workspaces
+// have the sizes of common/indexer_topk_workspace.h.
 cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& selection,
                               void* logits_workspace, size_t logits_bytes,
                               void* selection_workspace, size_t selection_bytes,

@@ -16,8 +16,12 @@
 //     to the logits workspace (the candidates are dead by then), and
 //  6. the exact route (one block a marked row): the filtered kernel's radix selection of the row.
 // Correctness never depends on the sample: it only decides which rows take steps 5-6.
-// Where the fused path does not pay (one query row: two launches beat six), or cannot run, the
-// unfused path writes the logits and runs the filtered kernel over them.
+// Measured (benches/NOTES.md, "fused indexer") slower than the unfused path at every shape timed
+// (its main pass is the logits kernel plus the sink's work in every tile's epilogue, 21-26 %;
+// the sample, cutoffs and selection add what the unfused selection costs), so the unfused path
+// (the logits into the workspace, the filtered kernel over them) is the default, and
+// JAX_TOPK_INDEXER_TOPK=fused selects this one (read when the call is traced, which sizes the
+// workspaces for it, and at each dispatch).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -176,15 +180,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   WriteRow(s, launch.problem, m);
 }
 
-// Which path: JAX_TOPK_INDEXER_TOPK=unfused or =fused forces one (benchmarks, tests); by
-// default the fused path runs where it has more than one query row.
-enum class IndexerTopkPath { kAuto, kFused, kUnfused };
-IndexerTopkPath PathFromEnvironment() {
-  const char* forced = std::getenv("JAX_TOPK_INDEXER_TOPK");
-  if (forced == nullptr) return IndexerTopkPath::kAuto;
-  if (std::strcmp(forced, "fused") == 0) return IndexerTopkPath::kFused;
-  if (std::strcmp(forced, "unfused") == 0) return IndexerTopkPath::kUnfused;
-  return IndexerTopkPath::kAuto;
+// Which path: JAX_TOPK_INDEXER_TOPK=fused asks for the fused one (tests, benchmarks); unset or
+// anything else, the unfused one.
+bool FusedAskedFor() {
+  const char* path = std::getenv("JAX_TOPK_INDEXER_TOPK");
+  return path != nullptr && std::strcmp(path, "fused") == 0;
 }
 
 // The sample's key-tile stride: kIndexerSampleTileStride, or a multiple of it from
@@ -231,11 +231,9 @@ cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& s
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
-  const IndexerTopkPath path = PathFromEnvironment();
   const bool fused =
-      path != IndexerTopkPath::kUnfused &&
-      (path == IndexerTopkPath::kFused || logits.queries > 1) && rows <= INT32_MAX &&
-      selection.k >= 1 && selection.k <= kMaxK && IndexerLogitsWgmmaSupports(logits, device) &&
+      FusedAskedFor() && rows <= INT32_MAX && selection.k >= 1 && selection.k <= kMaxK &&
+      IndexerLogitsWgmmaSupports(logits, device) &&
       logits_bytes >= IndexerTopkLogitsWorkspaceBytes(rows, width) &&
       selection_bytes >= IndexerTopkSelectionWorkspaceBytes(rows, width, selection.k);
   if (!fused) {
