@@ -50,9 +50,9 @@ ffi::Error RunIndexerLogits(cudaStream_t stream, const IndexerCall& call) {
   return LaunchError("indexer_logits", LaunchIndexerLogits(call.logits, stream));
 }
 
-// The fused kernels where they run (kernels/indexer_topk.cu), else the logits into the logits
-// workspace and the filtered kernel over them: topk_filtered's indices over indexer_logits' bits
-// either way.
+// kernels/indexer_topk.cu: the logits into the logits workspace and the filtered kernel over
+// them, or (JAX_TOPK_INDEXER_TOPK=fused) the fused kernels that keep them out of memory:
+// topk_filtered's indices over indexer_logits' bits either way.
 ffi::Error RunIndexerTopk(cudaStream_t stream, const IndexerCall& call,
                           ffi::Result<ffi::AnyBuffer> logits_workspace,
                           ffi::Result<ffi::AnyBuffer> selection_workspace) {
