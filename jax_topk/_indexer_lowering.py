@@ -9,12 +9,16 @@ lowers to the custom call of `IndexerParams.target`: the CPU handler, the CUDA h
 everywhere else and when forced (`_lowering.forced_fallback`), `_fallback.indexer_call`.
 
 On CUDA, indexer_topk gets two workspaces as extra results (dropped at once, never seen by
-the user): the float32 logits [B * M * N] and topk_filtered's selection workspace. This
-first CUDA version still writes the logits to that workspace and selects from it with the
-filtered kernel; the fused kernel that keeps them on chip is later work (issue 15).
+the user): the float32 logits [B * M * N] and topk_filtered's selection workspace, which the
+default (unfused) path fills and selects from. With JAX_TOPK_INDEXER_TOPK=fused when the call
+is traced, they take the sizes of cuda/common/indexer_topk_workspace.h, which the fused kernels
+(cuda/kernels/indexer_topk.cu: the logits never in memory, measured slower so far) need: the
+handler reads the variable again at dispatch and runs the unfused path on smaller ones.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +28,7 @@ from jax.interpreters import mlir
 
 from . import _compat, _fallback
 from ._indexer_contract import TOPK, IndexerOperands, IndexerParams
-from ._lowering import filtered_workspace_bytes, uses_fallback
+from ._lowering import filtered_workspace_bytes, indexer_topk_workspace_bytes, uses_fallback
 
 
 def native_operands(operands: IndexerOperands, params: IndexerParams) -> IndexerOperands:
@@ -55,13 +59,16 @@ def _handler_lowering(ctx, *operands, params: IndexerParams, with_workspaces: bo
         batch, queries = ctx.avals_in[0].shape[:2]
         keys_count = ctx.avals_in[1].shape[1]
         rows = batch * queries
+        if os.environ.get("JAX_TOPK_INDEXER_TOPK") == "fused":
+            logits_bytes, selection_bytes = indexer_topk_workspace_bytes(rows, keys_count, params.k)
+        else:
+            logits_bytes = 4 * rows * keys_count
+            selection_bytes = filtered_workspace_bytes(rows, keys_count, params.k)
         ctx = _compat.with_extra_results(
             ctx,
             [
-                jax.core.ShapedArray((rows * keys_count,), np.float32),  # the logits
-                jax.core.ShapedArray(
-                    (filtered_workspace_bytes(rows, keys_count, params.k),), np.uint8
-                ),
+                jax.core.ShapedArray((logits_bytes,), np.uint8),
+                jax.core.ShapedArray((selection_bytes,), np.uint8),
             ],
         )
     results = jax.ffi.ffi_lowering(params.target)(ctx, *operands, **params.ffi_attributes())

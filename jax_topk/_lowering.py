@@ -53,6 +53,12 @@ def filtered_workspace_bytes(rows: int, width: int, k: int) -> int:
     return int(_jax_topk_cpu.filtered_workspace_bytes(rows, width, k))
 
 
+def indexer_topk_workspace_bytes(rows: int, width: int, k: int) -> tuple[int, int]:
+    """indexer_topk's CUDA workspaces (logits, selection), in bytes."""
+    logits, selection = _jax_topk_cpu.indexer_topk_workspace_bytes(rows, width, k)
+    return int(logits), int(selection)
+
+
 ffi_call_p = core.Primitive("jax_topk_ffi_call")
 ffi_call_p.multiple_results = True
 ffi_call_p.def_abstract_eval(shape_rule)

@@ -3,6 +3,7 @@
 #include <functional>
 #include <utility>
 
+#include "common/indexer_topk_workspace.h"
 #include "common/topk_common.h"
 #include "common/topk_filtered_workspace.h"
 #include "cpu/indexer_cpu.h"
@@ -12,6 +13,7 @@
 #include "ffi/merge_ffi.h"
 #include "ffi/topk_ffi.h"
 #include "nanobind/nanobind.h"
+#include "nanobind/stl/pair.h"
 
 namespace nb = nanobind;
 
@@ -96,4 +98,12 @@ NB_MODULE(_jax_topk_cpu, m) {
   m.def("filtered_workspace_bytes", &jax_topk::FilteredWorkspaceBytes, nb::arg("rows"),
         nb::arg("width"), nb::arg("k"),
         "Bytes of device workspace topk_filtered's CUDA kernel takes for this shape.");
+  m.def(
+      "indexer_topk_workspace_bytes",
+      [](int64_t rows, int64_t width, int32_t k) {
+        return std::make_pair(jax_topk::IndexerTopkLogitsWorkspaceBytes(rows, width),
+                              jax_topk::IndexerTopkSelectionWorkspaceBytes(rows, width, k));
+      },
+      nb::arg("rows"), nb::arg("width"), nb::arg("k"),
+      "Bytes of indexer_topk's two CUDA workspaces (logits, selection) for this shape.");
 }

@@ -50,29 +50,25 @@ ffi::Error RunIndexerLogits(cudaStream_t stream, const IndexerCall& call) {
   return LaunchError("indexer_logits", LaunchIndexerLogits(call.logits, stream));
 }
 
-// First version: the logits go to a workspace (an extra result of the custom call) and the
-// filtered kernel selects from it, so the indices are those of topk_filtered over
-// indexer_logits' bits by construction. The fused kernel that never writes the logits is
-// later work (issue 15).
+// kernels/indexer_topk.cu: the logits into the logits workspace and the filtered kernel over
+// them, or (JAX_TOPK_INDEXER_TOPK=fused) the fused kernels that keep them out of memory:
+// topk_filtered's indices over indexer_logits' bits either way.
 ffi::Error RunIndexerTopk(cudaStream_t stream, const IndexerCall& call,
                           ffi::Result<ffi::AnyBuffer> logits_workspace,
                           ffi::Result<ffi::AnyBuffer> selection_workspace) {
-  IndexerProblem logits = call.logits;
-  TopkProblem selection = call.selection;
-  const size_t logits_bytes = static_cast<size_t>(selection.rows) * selection.width * sizeof(float);
+  const size_t logits_bytes =
+      static_cast<size_t>(call.selection.rows) * call.selection.width * sizeof(float);
   if (logits_workspace->size_bytes() < logits_bytes ||
       selection_workspace->size_bytes() < kFilteredMinWorkspaceBytes)
     return InvalidTopkCall(kIndexerTopkTarget, "the workspaces have ",
                            logits_workspace->size_bytes(), " and ",
                            selection_workspace->size_bytes(), " bytes, below ", logits_bytes,
                            " and ", kFilteredMinWorkspaceBytes);
-  logits.logits = static_cast<float*>(logits_workspace->untyped_data());
-  selection.scores = logits.logits;
-  ffi::Error error = LaunchError("indexer_topk logits", LaunchIndexerLogits(logits, stream));
-  if (error.failure()) return error;
-  return LaunchError("indexer_topk selection",
-                     LaunchTopkFiltered(selection, selection_workspace->untyped_data(),
-                                        selection_workspace->size_bytes(), stream));
+  return LaunchError(
+      "indexer_topk",
+      LaunchIndexerTopk(call.logits, call.selection, logits_workspace->untyped_data(),
+                        logits_workspace->size_bytes(), selection_workspace->untyped_data(),
+                        selection_workspace->size_bytes(), stream));
 }
 
 }  // namespace

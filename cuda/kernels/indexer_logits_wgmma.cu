@@ -7,6 +7,9 @@
 //    exact f16 in shared memory for f16 wgmma (FP8_NATIVE: e4m3 wgmma). 3. Key tiles past the
 //    tile's longest length are only written -inf. Traffic: keys once per query tile (from L2),
 //    logits written once. ~59 % of 800 TFLOP/s bf16 at M >= 128 on an H200 (benches/NOTES.md).
+// A finished [queries x 64 keys] tile goes to a sink: WriteLogits (the [M, N] logits, or a pass
+// over every s-th key tile: indexer_topk's sample) or KeepCandidates (indexer_topk's filter),
+// with the same bits either way (kernels/indexer_topk.cu relies on it).
 // Limits: IndexerLogitsWgmmaSupports (H = 64, D = 128, compute capability 9.0, N < 2^25).
 
 #include <cuda_runtime.h>
@@ -116,6 +119,7 @@ struct TileShape {
       kStagingOffset + kWarpgroups * kQueriesPerTile * kKeysPerTile * 4;
   static constexpr int kBytes = kLengthsOffset + kQueriesPerTile * 4;
   static constexpr int kBytesWithAlignment = kBytes + kAtomBytes;  // room to align the base
+  static constexpr int kSinkOffset = (kBytes + 15) / 16 * 16;      // a sink's own shared memory
 };
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
@@ -199,30 +203,147 @@ struct IndexerArgs {
   const float* weights;
   const float* key_scales;  // or nullptr
   const int32_t* lengths;   // or nullptr
-  float* logits;
   int32_t queries;
   int32_t keys_count;
   int32_t query_tiles;
-  int32_t key_tiles;
-  int64_t units;  // batch * query_tiles * key_tiles
+  int32_t key_tiles;  // of the pass: every key_tile_stride-th key tile
+  int32_t key_tile_stride;
+  int64_t units;  // batch * query_tiles * key_tiles (without a tile list)
+  // With a tile list: only *tile_count rows of tiles (sequence * query_tiles + query tile).
+  const int32_t* tile_list;
+  const int32_t* tile_count;
+  // WriteLogits: the pass's tile t goes to columns 64 t.. of rows of logits_pitch floats.
+  float* logits;
+  int64_t logits_pitch;
+  // KeepCandidates: row r keeps its values >= thresholds[r] in candidates[r][0, capacity).
+  const float* thresholds;
+  int32_t* counts;
+  uint2* candidates;
+  int32_t capacity;
 };
 
-// Where a finished tile of logits goes: here, the [M, N] output. (A fused top-k would put a
-// candidate filter in its place; the kernel hands it the tile in shared memory.)
+// Where a finished tile of logits goes; the kernel hands it the tile in shared memory. `tile`
+// holds [kQueriesPerTile][64] logits of queries first_query.. and keys first_key.. (the pass's
+// tile first_column / 64); called by the 128 threads of one warpgroup.
+
+// The logits (or the sample's) to memory; tiles past every length of the tile are -inf.
 struct WriteLogits {
-  // `tile` holds [kQueriesPerTile][64] logits of queries first_query.. and keys first_key..;
-  // called by the 128 threads of one warpgroup.
   template <int kQueriesPerTile>
-  __device__ static void Tile(const IndexerArgs& args, int64_t sequence, int first_query,
-                              int first_key, const float* tile, int thread) {
+  static constexpr int kWarpgroupBytes = 0;  // no shared memory of its own
+  __device__ static void Start(unsigned char*, int) {}
+  template <int kQueriesPerTile>
+  __device__ static void EndRun(const IndexerArgs&, unsigned char*, int64_t, int, int, int) {}
+  // Entry i of the tile (query i / 64, key i % 64) gets value(i).
+  template <int kQueriesPerTile, typename Value>
+  __device__ static void Store(const IndexerArgs& args, int64_t sequence, int first_query,
+                               int first_key, int first_column, int thread, const Value& value) {
     for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {
       const int query = first_query + i / kKeysPerTile;
       const int key = first_key + i % kKeysPerTile;
       if (query < args.queries && key < args.keys_count) {
-        args.logits[(sequence * args.queries + query) * args.keys_count + key] = tile[i];
+        args.logits[(sequence * args.queries + query) * args.logits_pitch + first_column +
+                    i % kKeysPerTile] = value(i);
       }
     }
   }
+  template <int kQueriesPerTile>
+  __device__ static void Tile(const IndexerArgs& args, unsigned char*, int64_t sequence,
+                              int first_query, int first_key, int first_column, const float* tile,
+                              int thread, int) {
+    Store<kQueriesPerTile>(args, sequence, first_query, first_key, first_column, thread,
+                           [&](int i) { return tile[i]; });
+  }
+  template <int kQueriesPerTile>
+  __device__ static void Invisible(const IndexerArgs& args, int64_t sequence, int first_query,
+                                   int first_key, int first_column, int thread) {
+    Store<kQueriesPerTile>(args, sequence, first_query, first_key, first_column, thread,
+                           [](int) { return -INFINITY; });
+  }
+};
+
+// indexer_topk's filter: each value >= its row's threshold at a column below the row's length
+// (NaN never) goes to the row's candidates, staged in this warpgroup's shared memory (a shared
+// atomic a warp with a hit) and flushed to the row's global buffer when nearly full and at the
+// end of each run (one global atomic a flush: a global atomic a tile would put its round trip
+// into every tile's epilogue). The count goes on past the capacity, so the selection sees it.
+struct KeepCandidates {
+  static constexpr int kStaged = 256;      // a query's staged entries; a tile adds at most 64
+  static constexpr int kHeaderBytes = 32;  // counts[4], bases[4]
+  template <int kQueriesPerTile>
+  static constexpr int kWarpgroupBytes = kHeaderBytes + kQueriesPerTile * kStaged * 8;
+  __device__ static int* Counts(unsigned char* space) { return reinterpret_cast<int*>(space); }
+  __device__ static uint2* Staged(unsigned char* space, int query) {
+    return reinterpret_cast<uint2*>(space + kHeaderBytes) + query * kStaged;
+  }
+  __device__ static void Start(unsigned char* space, int thread) {
+    if (thread < 4) Counts(space)[thread] = 0;  // visible after the first run's barrier
+  }
+  // Moves query j's staged entries to its row's buffer; called by the whole warpgroup.
+  __device__ static void Flush(const IndexerArgs& args, unsigned char* space, int64_t row, int j,
+                               int count, int thread, int warpgroup) {
+    int* bases = Counts(space) + 4;
+    if (thread == 0) bases[j] = atomicAdd(args.counts + row, count);
+    WarpgroupBarrier(warpgroup);
+    const int base = bases[j];
+    const uint2* staged = Staged(space, j);
+    for (int e = thread; e < count; e += kThreadsPerWarpgroup) {
+      if (base + e < args.capacity) args.candidates[row * args.capacity + base + e] = staged[e];
+    }
+    WarpgroupBarrier(warpgroup);  // every thread is done with the entries and the base
+    if (thread == 0) Counts(space)[j] = 0;
+  }
+  template <int kQueriesPerTile>
+  __device__ static void Tile(const IndexerArgs& args, unsigned char* space, int64_t sequence,
+                              int first_query, int first_key, int, const float* tile, int thread,
+                              int warpgroup) {
+    int* counts = Counts(space);
+    // A warp's 32 entries are one query's (64 keys a query): one shared atomic a warp.
+    for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {
+      const int j = i / kKeysPerTile;
+      const int query = first_query + j;
+      const int key = first_key + i % kKeysPerTile;
+      const int64_t row = sequence * args.queries + query;
+      const float value = tile[i];
+      bool keep = false;
+      if (query < args.queries) {
+        const int32_t given = args.lengths == nullptr ? args.keys_count : args.lengths[row];
+        const int32_t length = given < 0 ? 0 : (given < args.keys_count ? given : args.keys_count);
+        keep = key < length && value >= __ldg(args.thresholds + row);
+      }
+      const uint32_t keepers = __ballot_sync(0xFFFFFFFFu, keep);
+      if (keepers == 0) continue;
+      const int lane = thread % 32;
+      const int leader = __ffs(keepers) - 1;
+      int base = 0;
+      if (lane == leader) base = atomicAdd(counts + j, __popc(keepers));
+      base = __shfl_sync(0xFFFFFFFFu, base, leader);
+      if (keep) {
+        Staged(space, j)[base + __popc(keepers & ((1u << lane) - 1u))] =
+            make_uint2(__float_as_uint(value), static_cast<uint32_t>(key));
+      }
+    }
+    WarpgroupBarrier(warpgroup);
+#pragma unroll
+    for (int j = 0; j < kQueriesPerTile; ++j) {
+      const int count = counts[j];  // the same for every thread: read after the barrier
+      if (count > kStaged - kKeysPerTile)
+        Flush(args, space, sequence * args.queries + first_query + j, j, count, thread, warpgroup);
+    }
+  }
+  // The run's last staged entries (the next run has other rows).
+  template <int kQueriesPerTile>
+  __device__ static void EndRun(const IndexerArgs& args, unsigned char* space, int64_t sequence,
+                                int first_query, int thread, int warpgroup) {
+    WarpgroupBarrier(warpgroup);
+#pragma unroll
+    for (int j = 0; j < kQueriesPerTile; ++j) {
+      const int count = Counts(space)[j];
+      if (count > 0)
+        Flush(args, space, sequence * args.queries + first_query + j, j, count, thread, warpgroup);
+    }
+  }
+  template <int kQueriesPerTile>
+  __device__ static void Invisible(const IndexerArgs&, int64_t, int, int, int, int) {}
 };
 
 // One key tile's products, keys x (query, head), into `acc` (the CUDA-core float32 sum of
@@ -313,11 +434,28 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   const int lane = thread % 32;
   unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * Shape::kWarpgroupKeyBytes;
   unsigned char* my_operand = my_stages + kStages * kStageBytes;  // converting inputs only
+  // The sink's own shared memory, after the kernel's: a part for each warpgroup.
+  unsigned char* my_sink_space =
+      shared + Shape::kSinkOffset + warpgroup * Sink::template kWarpgroupBytes<kQueriesPerTile>;
+  Sink::Start(my_sink_space, thread);
   float* my_staging = reinterpret_cast<float*>(shared + Shape::kStagingOffset) +
                       warpgroup * kQueriesPerTile * kKeysPerTile;
 
-  const int64_t unit_begin = args.units * blockIdx.x / gridDim.x;
-  const int64_t unit_end = args.units * (blockIdx.x + 1) / gridDim.x;
+  // With a tile list, its count (clamped: it is device data) sets the units.
+  int64_t units = args.units;
+  if (args.tile_list != nullptr) {
+    const int64_t tiles = args.units / args.key_tiles;  // every (sequence, query tile)
+    const int32_t count = *args.tile_count;
+    const int64_t listed = count < 0 ? 0 : (count < tiles ? count : tiles);
+    units = listed * args.key_tiles;
+  }
+  const int64_t unit_begin = units * blockIdx.x / gridDim.x;
+  const int64_t unit_end = units * (blockIdx.x + 1) / gridDim.x;
+  // The first key of the pass's tile t.
+  const int key_tile_stride = args.key_tile_stride;
+  const auto key_of_tile = [key_tile_stride](int tile) {
+    return tile * key_tile_stride * kKeysPerTile;
+  };
   float acc[kCols / 2];
 #pragma unroll
   for (int i = 0; i < kCols / 2; ++i) acc[i] = 0.0f;
@@ -326,7 +464,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   if (warpgroup == 1) PassTurn(warpgroup);
 
   for (int64_t unit = unit_begin; unit < unit_end;) {
-    const int64_t row_of_tiles = unit / args.key_tiles;  // (sequence, query tile)
+    int64_t row_of_tiles = unit / args.key_tiles;  // (sequence, query tile)
+    if (args.tile_list != nullptr) row_of_tiles = args.tile_list[row_of_tiles];
     const int first_tile = static_cast<int>(unit % args.key_tiles);
     const int end_tile =
         static_cast<int>(std::min<int64_t>(args.key_tiles, first_tile + (unit_end - unit)));
@@ -382,8 +521,11 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       lengths[j] = lengths_tile[j];
       longest = std::max(longest, lengths[j]);
     }
+    // The pass's tiles that start below `longest`.
+    const int visible_tiles =
+        ((longest + kKeysPerTile - 1) / kKeysPerTile + key_tile_stride - 1) / key_tile_stride;
     const int visible_end_tile =
-        std::max(first_tile, std::min(end_tile, (longest + kKeysPerTile - 1) / kKeysPerTile));
+        max(first_tile, visible_tiles < end_tile ? visible_tiles : end_tile);
     const Bits* sequence_keys =
         static_cast<const Bits*>(args.keys) + sequence * args.keys_count * kHeadDim;
     const float* sequence_scales =
@@ -394,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     const int my_tiles = std::max(0, (visible_end_tile - first_tile - warpgroup + 1) / kWarpgroups);
     const int turns = (visible_end_tile - first_tile + 1) / kWarpgroups;
     auto load_tile = [&](int index) {
-      const int first_key = (first_tile + warpgroup + kWarpgroups * index) * kKeysPerTile;
+      const int first_key = key_of_tile(first_tile + warpgroup + kWarpgroups * index);
       unsigned char* stage = my_stages + (index % kStages) * kStageBytes;
 #pragma unroll
       for (int j = 0; j < kKeysPerTile * kChunksPerRow / kThreadsPerWarpgroup; ++j) {
@@ -454,7 +596,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
 
       // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
       // 8 j + 2 (lane % 4) + e: query j / 8, head 8 (j % 8) + 2 (lane % 4) + e.
-      const int first_key = (first_tile + warpgroup + kWarpgroups * index) * kKeysPerTile;
+      const int tile_index = first_tile + warpgroup + kWarpgroups * index;
+      const int first_key = key_of_tile(tile_index);
       const int row0 = 16 * warp + lane / 4;
       float scales[2] = {1.0f, 1.0f};
       if (kHasScales) {
@@ -500,20 +643,18 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         }
       }
       WarpgroupBarrier(warpgroup);
-      Sink::template Tile<kQueriesPerTile>(args, sequence, first_query, first_key, my_staging,
-                                           thread);
+      Sink::template Tile<kQueriesPerTile>(args, my_sink_space, sequence, first_query, first_key,
+                                           tile_index * kKeysPerTile, my_staging, thread,
+                                           warpgroup);
     }
     WaitCopies<0>();  // no copy may land in a stage after the next run starts
+    Sink::template EndRun<kQueriesPerTile>(args, my_sink_space, sequence, first_query, thread,
+                                           warpgroup);
 
-    // Tiles past every length of the tile: -inf, written directly.
+    // Tiles past every length of the tile: no products (-inf logits).
     for (int tile = visible_end_tile + warpgroup; tile < end_tile; tile += kWarpgroups) {
-      for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {
-        const int query = first_query + i / kKeysPerTile;
-        const int key = tile * kKeysPerTile + i % kKeysPerTile;
-        if (query < args.queries && key < args.keys_count) {
-          args.logits[(sequence * args.queries + query) * args.keys_count + key] = -INFINITY;
-        }
-      }
+      Sink::template Invisible<kQueriesPerTile>(args, sequence, first_query, key_of_tile(tile),
+                                                tile * kKeysPerTile, thread);
     }
   }
   if (warpgroup == 0) WaitTurn(warpgroup);
@@ -543,15 +684,18 @@ bool DeviceIsSm90(int device) {
   return known == 1;
 }
 
-template <typename Input, int kQueriesPerTile, bool kHasScales>
-cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t stream) {
+template <typename Input, int kQueriesPerTile, bool kHasScales, typename Sink>
+cudaError_t LaunchTiles(const IndexerProblem& problem, const IndexerWgmmaPass& pass, int device,
+                        cudaStream_t stream) {
   using Shape = TileShape<Input, kQueriesPerTile>;
-  auto kernel = IndexerLogitsWgmmaKernel<Input, kQueriesPerTile, kHasScales, WriteLogits>;
+  auto kernel = IndexerLogitsWgmmaKernel<Input, kQueriesPerTile, kHasScales, Sink>;
+  constexpr int kSharedBytes = Shape::kSinkOffset + kAtomBytes +
+                               kWarpgroups * Sink::template kWarpgroupBytes<kQueriesPerTile>;
   // The shared-memory limit is per device and per kernel; raised once each.
   static std::atomic<bool> limit_raised[kMaxDevices];
   if (!limit_raised[device].load(std::memory_order_relaxed)) {
-    cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              Shape::kBytesWithAlignment);
+    cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
     if (status != cudaSuccess) return status;
     limit_raised[device].store(true, std::memory_order_relaxed);
   }
@@ -561,30 +705,56 @@ cudaError_t LaunchTiles(const IndexerProblem& problem, int device, cudaStream_t 
   args.weights = problem.weights;
   args.key_scales = problem.key_scales;
   args.lengths = problem.lengths;
-  args.logits = problem.logits;
   args.queries = static_cast<int32_t>(problem.queries);
   args.keys_count = static_cast<int32_t>(problem.keys_count);
   args.query_tiles =
       static_cast<int32_t>((problem.queries + kQueriesPerTile - 1) / kQueriesPerTile);
-  args.key_tiles = static_cast<int32_t>((problem.keys_count + kKeysPerTile - 1) / kKeysPerTile);
+  const int32_t stride = std::max(pass.key_tile_stride, 1);
+  const int64_t all_key_tiles = (problem.keys_count + kKeysPerTile - 1) / kKeysPerTile;
+  args.key_tiles = static_cast<int32_t>((all_key_tiles + stride - 1) / stride);
+  args.key_tile_stride = stride;
   args.units = problem.batch * args.query_tiles * args.key_tiles;
-  const int64_t blocks = std::min<int64_t>(args.units, device_sm_count[device].load());
-  kernel<<<static_cast<unsigned>(blocks), kThreads, Shape::kBytesWithAlignment, stream>>>(args);
+  args.tile_list = pass.tile_list;
+  args.tile_count = pass.tile_count;
+  args.logits = pass.logits;
+  args.logits_pitch = pass.logits_pitch;
+  args.thresholds = pass.thresholds;
+  args.counts = pass.counts;
+  args.candidates = static_cast<uint2*>(pass.candidates);
+  args.capacity = pass.capacity;
+  // A listed pass's units are known on the device only: one block an SM, the spare ones idle.
+  const int64_t sms = device_sm_count[device].load();
+  const int64_t blocks = pass.tile_list != nullptr ? sms : std::min<int64_t>(args.units, sms);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(args);
   return cudaGetLastError();
 }
 
 // One query a tile only where there is one query: four (two for fp8's partial chains, whose
 // registers double the accumulators) share each key tile's wgmma otherwise.
 template <typename Input>
-cudaError_t LaunchForInput(const IndexerProblem& problem, int device, cudaStream_t stream) {
-  constexpr int kQueriesPerTile = TileProducts<Input, 4 * kHeads>::kPartials == 0 ? 4 : 2;
-  const bool has_scales = problem.key_scales != nullptr;
-  if (problem.queries == 1) {
-    return has_scales ? LaunchTiles<Input, 1, true>(problem, device, stream)
-                      : LaunchTiles<Input, 1, false>(problem, device, stream);
-  }
-  return has_scales ? LaunchTiles<Input, kQueriesPerTile, true>(problem, device, stream)
-                    : LaunchTiles<Input, kQueriesPerTile, false>(problem, device, stream);
+constexpr int QueriesPerTile(int64_t queries) {
+  return queries == 1 ? 1 : (TileProducts<Input, 4 * kHeads>::kPartials == 0 ? 4 : 2);
+}
+template <typename Input, int kQueriesPerTile, typename Sink>
+cudaError_t LaunchForScales(const IndexerProblem& problem, const IndexerWgmmaPass& pass, int device,
+                            cudaStream_t stream) {
+  return problem.key_scales != nullptr
+             ? LaunchTiles<Input, kQueriesPerTile, true, Sink>(problem, pass, device, stream)
+             : LaunchTiles<Input, kQueriesPerTile, false, Sink>(problem, pass, device, stream);
+}
+template <typename Input, typename Sink>
+cudaError_t LaunchForInput(const IndexerProblem& problem, const IndexerWgmmaPass& pass, int device,
+                           cudaStream_t stream) {
+  constexpr int kQueriesPerTile = QueriesPerTile<Input>(2);
+  if (problem.queries == 1) return LaunchForScales<Input, 1, Sink>(problem, pass, device, stream);
+  return LaunchForScales<Input, kQueriesPerTile, Sink>(problem, pass, device, stream);
+}
+template <typename Sink>
+cudaError_t LaunchForSink(const IndexerProblem& problem, const IndexerWgmmaPass& pass, int device,
+                          cudaStream_t stream) {
+  return problem.input == IndexerInput::kFloat8E4M3
+             ? LaunchForInput<Fp8Input, Sink>(problem, pass, device, stream)
+             : LaunchForInput<Bf16Input, Sink>(problem, pass, device, stream);
 }
 
 }  // namespace
@@ -598,14 +768,26 @@ bool IndexerLogitsWgmmaSupports(const IndexerProblem& problem, int device) {
          problem.keys_count <= kInt32Limit / kKeysPerTile && DeviceIsSm90(device);
 }
 
-cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t stream) {
+int IndexerWgmmaQueriesPerTile(const IndexerProblem& problem) {
+  return problem.input == IndexerInput::kFloat8E4M3 ? QueriesPerTile<Fp8Input>(problem.queries)
+                                                    : QueriesPerTile<Bf16Input>(problem.queries);
+}
+
+cudaError_t LaunchIndexerWgmmaPass(const IndexerProblem& problem, const IndexerWgmmaPass& pass,
+                                   cudaStream_t stream) {
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
   if (!IndexerLogitsWgmmaSupports(problem, device)) return cudaErrorInvalidValue;
-  return problem.input == IndexerInput::kFloat8E4M3
-             ? LaunchForInput<Fp8Input>(problem, device, stream)
-             : LaunchForInput<Bf16Input>(problem, device, stream);
+  return pass.keeps_candidates ? LaunchForSink<KeepCandidates>(problem, pass, device, stream)
+                               : LaunchForSink<WriteLogits>(problem, pass, device, stream);
+}
+
+cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t stream) {
+  IndexerWgmmaPass pass;
+  pass.logits = problem.logits;
+  pass.logits_pitch = problem.keys_count;
+  return LaunchIndexerWgmmaPass(problem, pass, stream);
 }
 
 }  // namespace jax_topk
