@@ -7,10 +7,16 @@ Helpers live in tests/support."""
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from jax_topk import _lowering
-from tests.support.operators import OPS, gpu_devices
+# Each pytest-xdist worker is its own JAX process: with JAX's default (75 % of the GPU's memory
+# taken at start) the second worker gets none and its tests never run.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import pytest  # noqa: E402
+
+from jax_topk import _lowering  # noqa: E402
+from tests.support.operators import OPS, gpu_devices  # noqa: E402
 
 BACKENDS = [
     pytest.param("cpu", id="cpu"),
