@@ -296,6 +296,7 @@ struct KeepCandidates {
   __device__ static void Tile(const IndexerArgs& args, unsigned char* space, int64_t sequence,
                               int first_query, int first_key, int, const float* tile, int thread,
                               int warpgroup) {
+    static_assert(kQueriesPerTile <= 4, "the header holds counts[4] and bases[4]");
     int* counts = Counts(space);
     // A warp's 32 entries are one query's (64 keys a query): one shared atomic a warp.
     for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {

@@ -38,6 +38,9 @@
 namespace jax_topk {
 namespace {
 
+static_assert(kIndexerMaxCandidates <= kSharedCandidates,
+              "step 4 copies a row's candidates into s.candidates");
+
 // The per-row state arrays in the selection workspace (common/indexer_topk_workspace.h).
 struct IndexerTopkState {
   int32_t* tile_count;
@@ -92,6 +95,7 @@ __device__ __forceinline__ int CutoffRank(int k, int positions, int length) {
 __global__ void __launch_bounds__(kThreadsPerBlock) CutoffKernel(const IndexerTopkLaunch launch) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(shared_bytes);
+  ProbeStart(s, 0);  // the probe build's switches off: the release paths
   const int64_t row = blockIdx.x;
   const IndexerTopkState& state = launch.state;
   if (threadIdx.x == 0) {
@@ -132,6 +136,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     SelectCandidatesKernel(const IndexerTopkLaunch launch) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(shared_bytes);
+  ProbeStart(s, 0);  // the probe build's switches off: the release paths
   const int64_t row = blockIdx.x;
   const IndexerTopkState& state = launch.state;
   const int k = launch.problem.k;
@@ -170,6 +175,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   if (launch.state.recompute[row] == 0) return;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(shared_bytes);
+  ProbeStart(s, 0);  // the probe build's switches off: the release paths
   if (threadIdx.x == 0) PublishJob(s, row, RowLength(launch.problem, row));
   for (int bin = threadIdx.x; bin < kDigitBins; bin += kThreadsPerBlock) s.hist[bin] = 0;
   __syncthreads();
