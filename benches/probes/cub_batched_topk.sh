@@ -5,7 +5,9 @@
 set -eu
 wheel=$(ls .whl/nvidia_cuda_cccl-*.whl | head -1)
 cccl=/tmp/cccl_headers
-rm -rf "$cccl" && mkdir -p "$cccl" && unzip -q "$wheel" -d "$cccl"
+rm -rf "$cccl" && mkdir -p "$cccl"
+# No unzip on the device machine: Python unpacks the wheel.
+python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$wheel" "$cccl"
 nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
   -I"$cccl/nvidia/cu13/include/cccl" benches/probes/cub_batched_topk.cu -o /tmp/cub_batched_topk
 /tmp/cub_batched_topk ${1:+--json "$1"}
