@@ -27,4 +27,12 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
 // cudaErrorInvalidValue). Writes `values` too when it is not null.
 cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream);
 
+// topk_f32_rows: a 1024-thread block per float32 row of width <= kF32RowsMaxWidth, the row in
+// its registers; LaunchTopkFiltered hands it the calls TopkF32RowsServes (the row counts and
+// widths where it measured faster; the environment variable JAX_TOPK_F32_ROWS=off or =always
+// overrides that at each launch, for benchmarks and tests).
+constexpr int kF32RowsMaxWidth = 32768;
+bool TopkF32RowsServes(const TopkProblem& problem);
+cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
+
 }  // namespace jax_topk

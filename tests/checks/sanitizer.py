@@ -1,10 +1,12 @@
 """A representative call of each CUDA kernel (top_k's routes with values included, the
 indexer's), small enough to run under compute-sanitizer
 (`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu; `... sanitizer merge` runs
-merge_topk's alone, `... sanitizer filtered16` the filtered kernel's 16-bit rows alone): checks
+merge_topk's alone, `... sanitizer filtered16` the filtered kernel's 16-bit rows alone, `...
+sanitizer f32rows` the register kernel for few float32 rows alone): checks
 the result against the CPU handler too, bit for bit (the indexer's logits within the SPEC's
 bound of it)."""
 
+import os
 import sys
 
 import jax
@@ -96,6 +98,46 @@ def _filtered_16bit_cases(gpu, cpu, rng):
                     )
 
 
+def _top_k_matches(gpu, cpu, rng, cases):
+    """top_k of each (scores, k) case with random lengths, sorted and not: values and indices
+    from the GPU equal the CPU handler's bit for bit."""
+    for scores, k in cases:
+        rows, n = scores.shape
+        lengths = rng.integers(-1, n + 2, size=rows).astype(np.int32)
+        for sorted_ in (True, False):
+            call = jax.jit(
+                lambda s, lens, k=k, o=sorted_: jax_topk.top_k(s, k, lengths=lens, sorted=o)
+            )
+            got = jax.tree.leaves(call(*jax.device_put((scores, lengths), gpu)))
+            want = jax.tree.leaves(call(*jax.device_put((scores, lengths), cpu)))
+            for a, b in zip(got, want, strict=True):
+                a, b = np.asarray(a), np.asarray(b)
+                np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
+
+
+def _f32_rows_cases(gpu, cpu, rng):
+    """The register kernel for few float32 rows of <= 32768 columns: its sampled cutoff, its
+    fallback over the registers (constant and crowded rows, sample foolers), NaN and signed
+    zeros, unaligned rows, sorted output and values."""
+    crowded = rng.standard_normal((6, 32768), np.float32) * 0.01
+    crowded[::2, :6000] = 0.5
+    nan_zero = _nan_and_zero_rows(rng, 8, 20_000).astype(np.float32)
+    cases = [
+        (rng.standard_normal((4, 32768), np.float32), 2048),
+        (crowded, 2048),
+        (np.full((2, 32768), -3.0, np.float32), 2048),
+        (_periodic_rows(rng, 10, 32767), 2048),
+        (nan_zero, 512),
+        (rng.standard_normal((5, 8191), np.float32), 2048),
+    ]
+    # Forced on (read at each launch): its default takes only some of these shapes.
+    os.environ["JAX_TOPK_F32_ROWS"] = "always"
+    try:
+        _top_k_matches(gpu, cpu, rng, cases)
+    finally:
+        del os.environ["JAX_TOPK_F32_ROWS"]
+
+
 def main():
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(60)
@@ -103,6 +145,11 @@ def main():
         _filtered_16bit_cases(gpu, cpu, rng)
         print("sanitizer cases (16-bit filtered): ok")
         return
+    if sys.argv[1:] == ["f32rows"]:  # the register kernel for few float32 rows alone
+        _f32_rows_cases(gpu, cpu, rng)
+        print("sanitizer cases (float32 register rows): ok")
+        return
+    _f32_rows_cases(gpu, cpu, rng)
     _merge_cases(gpu, cpu, rng)
     if sys.argv[1:] == ["merge"]:  # merge_topk's kernels alone
         print("sanitizer cases (merge_topk): ok")
@@ -166,20 +213,7 @@ def main():
         (_periodic_rows(rng, 4, 65_541).astype(jax.numpy.bfloat16), 50),  # split rows
         (rng.standard_normal((3, 100_003), np.float32), 2048),
     ]
-    for scores, k in top_k_cases:
-        rows, n = scores.shape
-        lengths = rng.integers(-1, n + 2, size=rows).astype(np.int32)
-        for sorted_ in (True, False):
-            call = jax.jit(
-                lambda s, lens, k=k, o=sorted_: jax_topk.top_k(s, k, lengths=lens, sorted=o)
-            )
-            got = call(*jax.device_put((scores, lengths), gpu))
-            want = call(*jax.device_put((scores, lengths), cpu))
-            for a, b in zip(got, want):
-                a, b = np.asarray(a), np.asarray(b)
-                np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
-    _indexer_cases(rng, gpu, cpu)
-    print("sanitizer cases: ok")
+    _top_k_matches(gpu, cpu, rng, top_k_cases)
 
 
 def _indexer_cases(rng, gpu, cpu):

@@ -1,0 +1,391 @@
+// topk_f32_rows: exact top-k of float32 rows of at most kF32RowsMaxWidth columns, one 1024-thread
+// block a row, the row held in registers (topk_filtered's kernel for few such rows: its sample,
+// pass and selection are a chain of dependent global-memory phases, where here one load of the
+// row feeds every phase from registers). Per row:
+//  1. LoadRow: thread t keeps columns [t * E, (t + 1) * E) as ordered keys (common/topk_common.h);
+//     NaNs and columns past the length become key 0, below every real key (-inf's is 0x007FFFFF).
+//  2. A cutoff: every valid key when at most kCandidates are; else the 22-bit prefix of a sampled
+//     rank (two keys a thread) a little past k's expected place in the sample.
+//  3. The keys at or above the cutoff are gathered in shared memory; if there are k to
+//     kCandidates of them, 11+11+10-bit radix digits over them give the k-th key and how many of
+//     its ties to take. Otherwise (a fooled sample, crowded ties) the same digits run over the
+//     registers: the sample only ever decides the speed.
+//  4. TakeWinners: (greater, equal) masks against the k-th key and one block scan give each thread
+//     its output slot and its share of the tie quota (lowest columns first); the winners are
+//     staged in column order, then stored (sorted: a stable block radix sort first).
+// Traffic: each score read once; k indices (and values) written a row. No workspace.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <cub/block/block_radix_sort.cuh>
+
+#include "common/topk_common.h"
+#include "kernels/topk_cuda.h"
+#include "kernels/topk_scan.cuh"
+
+namespace jax_topk {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxElemsPerThread = kF32RowsMaxWidth / kThreads;
+static_assert(kMaxElemsPerThread == 32, "one bit per element in a 32-bit mask");
+// The keys gathered for the exact digits: a row of at most this many valid keys needs no sample.
+constexpr int kCandidates = 4096;
+// Digits over the 32-bit key, most significant first: 11 + 11 + 10 bits.
+constexpr int kDigitBins = 2048;
+static_assert(kDigitBins == 2 * kThreads, "each thread owns two bins in the bin search");
+__host__ __device__ constexpr int DigitShift(int digit) {
+  return digit == 0 ? 21 : (digit == 1 ? 10 : 0);
+}
+__host__ __device__ constexpr uint32_t DigitMask(int digit) {
+  return digit < 2 ? 0x7FFu : 0x3FFu;
+}
+// Sorted output: the winners sorted in registers, two a thread.
+constexpr int kSortItems = 2;
+static_assert(kSortItems * kThreads >= kMaxK, "the sort holds every winner");
+using BlockSort = cub::BlockRadixSort<uint32_t, kThreads, kSortItems, int32_t>;
+
+struct Shared {
+  // Each phase's space is dead before the next phase writes it (a barrier between them).
+  union {
+    struct {
+      uint32_t hist[kDigitBins];
+      uint32_t keys[kCandidates];
+    } select;
+    struct {
+      int32_t columns[kMaxK];
+      uint32_t keys[kMaxK];
+    } staged;
+    BlockSort::TempStorage sort;
+  };
+  uint32_t warp_sums[kWarps];
+  int gathered;    // keys appended to select.keys
+  uint32_t bin;    // the bin search's answer: the bin holding the rank
+  uint32_t above;  // and the keys in the bins above it
+};
+
+// The k-th key (rank-th largest of some keys) and how many keys equal to it are taken.
+struct Pivot {
+  uint32_t key;
+  int quota;
+};
+
+// A thread's slice of its row: key[i] is column first_column + i (0: NaN or past the length).
+template <int kElems>
+struct RowKeys {
+  uint32_t key[kElems];
+  int first_column;
+};
+
+__device__ __forceinline__ uint32_t KeyOf(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  return IsNanF32(bits) ? 0u : OrderedKeyF32(bits);
+}
+
+// Phase 1. Whole float4 loads where the row is 16-byte aligned and the vector lies before the
+// length; guarded scalar loads elsewhere.
+template <int kElems>
+__device__ __forceinline__ void LoadRow(const float* row_scores, int length, RowKeys<kElems>& row) {
+  row.first_column = static_cast<int>(threadIdx.x) * kElems;
+  const bool aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
+#pragma unroll
+  for (int v = 0; v < kElems / 4; ++v) {
+    const int column = row.first_column + 4 * v;
+    if (aligned && column + 4 <= length) {
+      const float4 four = __ldg(reinterpret_cast<const float4*>(row_scores + column));
+      row.key[4 * v] = KeyOf(four.x);
+      row.key[4 * v + 1] = KeyOf(four.y);
+      row.key[4 * v + 2] = KeyOf(four.z);
+      row.key[4 * v + 3] = KeyOf(four.w);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        row.key[4 * v + i] = column + i < length ? KeyOf(__ldg(row_scores + column + i)) : 0u;
+      }
+    }
+  }
+}
+
+// One digit of a radix select: finds the bin (from the top) holding the rank-th key of
+// hist[0, kDigitBins). Thread t owns bins 2047 - 2t and 2046 - 2t, so thread order is descending
+// bin order and one block scan finds it. Every thread calls it; two barriers.
+__device__ __forceinline__ void FindBin(Shared& s, uint32_t rank) {
+  const int high = kDigitBins - 1 - 2 * static_cast<int>(threadIdx.x);
+  const uint32_t high_count = s.select.hist[high];
+  const uint32_t pair_count = high_count + s.select.hist[high - 1];
+  uint32_t total;
+  const uint32_t before = BlockExclusiveSum(s.warp_sums, pair_count, total);
+  if (before < rank && rank <= before + pair_count) {
+    const bool in_high = rank <= before + high_count;
+    s.bin = static_cast<uint32_t>(in_high ? high : high - 1);
+    s.above = in_high ? before : before + high_count;
+  }
+  __syncthreads();
+}
+
+// The rank-th largest key (1 <= rank <= the keys' count) of the keys for_each_key visits, by
+// kDigits radix digits; with fewer than 3 digits, the key's prefix of those digits (low bits 0).
+// for_each_key(f) calls f(key) for this thread's share. Every thread calls it with the same rank.
+template <int kDigits, typename ForEachKey>
+__device__ __forceinline__ Pivot SelectRank(Shared& s, uint32_t rank,
+                                            const ForEachKey& for_each_key) {
+  uint32_t prefix = 0;
+  uint32_t prefix_mask = 0;
+#pragma unroll
+  for (int digit = 0; digit < kDigits; ++digit) {
+    s.select.hist[threadIdx.x] = 0;
+    s.select.hist[threadIdx.x + kThreads] = 0;
+    __syncthreads();
+    const int shift = DigitShift(digit);
+    const uint32_t mask = DigitMask(digit);
+    for_each_key([&](uint32_t key) {
+      if ((key & prefix_mask) == prefix) atomicAdd(&s.select.hist[(key >> shift) & mask], 1u);
+    });
+    __syncthreads();
+    FindBin(s, rank);
+    prefix |= s.bin << shift;
+    prefix_mask |= mask << shift;
+    rank -= s.above;
+  }
+  return {prefix, static_cast<int>(rank)};
+}
+
+// Phases 2-3: the k-th largest valid key and its tie quota, given `valid` > k valid keys of which
+// `sampled` lie in the sample (key[0] and key[kElems / 2] of every thread).
+template <int kElems>
+__device__ __forceinline__ Pivot FindPivot(Shared& s, const RowKeys<kElems>& row, int k, int valid,
+                                           int sampled) {
+  const auto row_keys = [&](const auto& visit) {
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) visit(row.key[i]);
+  };
+  uint32_t cutoff = 1;  // every valid key
+  if (valid > kCandidates) {
+    // The sample's rank for k, plus a slack of ~3 standard deviations (sqrt of the rank) and 16.
+    const int expected = static_cast<int>((static_cast<int64_t>(k) * sampled + valid - 1) / valid);
+    const int rank = expected + 16 + static_cast<int>(3.0f * sqrtf(static_cast<float>(expected)));
+    if (rank >= sampled) return SelectRank<3>(s, k, row_keys);
+    cutoff = SelectRank<2>(s, rank, [&](const auto& visit) {
+               visit(row.key[0]);
+               visit(row.key[kElems / 2]);
+             }).key;
+    cutoff = cutoff > 1 ? cutoff : 1;
+  }
+  // Gather the keys >= cutoff: a warp's share by one atomic (their order does not matter).
+  if (threadIdx.x == 0) s.gathered = 0;
+  __syncthreads();
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) mine += row.key[i] >= cutoff;
+  const int lane = threadIdx.x % 32;
+  const int inclusive = WarpInclusiveSum(mine);
+  int base = 0;
+  if (lane == 31) base = atomicAdd(&s.gathered, inclusive);
+  int slot = __shfl_sync(0xFFFFFFFFu, base, 31) + inclusive - mine;
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    if (row.key[i] >= cutoff) {
+      if (slot < kCandidates) s.select.keys[slot] = row.key[i];
+      ++slot;
+    }
+  }
+  __syncthreads();
+  const int gathered = s.gathered;
+  if (gathered < k || gathered > kCandidates) return SelectRank<3>(s, k, row_keys);
+  return SelectRank<3>(s, k, [&](const auto& visit) {
+    for (int j = threadIdx.x; j < gathered; j += kThreads) visit(s.select.keys[j]);
+  });
+}
+
+// Phase 4: stages the winners (keys > pivot, then the first `quota` keys == pivot by column) in
+// ascending column order; returns how many there are. Every thread calls it; two barriers.
+template <int kElems>
+__device__ __forceinline__ void StageWinners(Shared& s, const RowKeys<kElems>& row,
+                                             const Pivot& pivot) {
+  uint32_t greater = 0;
+  uint32_t equal = 0;
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    greater |= static_cast<uint32_t>(row.key[i] > pivot.key) << i;
+    equal |= static_cast<uint32_t>(row.key[i] == pivot.key && row.key[i] != 0) << i;
+  }
+  const int equal_count = __popc(equal);
+  // Greater keys < k <= 2^11 and equal keys <= kF32RowsMaxWidth = 2^15: one int holds both sums.
+  const uint32_t packed = (static_cast<uint32_t>(__popc(greater)) << 16) | equal_count;
+  uint32_t total;
+  const uint32_t before = BlockExclusiveSum(s.warp_sums, packed, total);
+  const int equal_before = static_cast<int>(before & 0xFFFF);
+  int position = static_cast<int>(before >> 16) + min(equal_before, pivot.quota);
+  int equal_to_take = max(0, min(equal_count, pivot.quota - equal_before));
+  uint32_t take = greater;
+  for (uint32_t rest = equal; equal_to_take > 0; --equal_to_take) {
+    take |= rest & (0u - rest);  // the lowest remaining equal column
+    rest &= rest - 1;
+  }
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    if (take & (1u << i)) {
+      s.staged.columns[position] = row.first_column + i;
+      s.staged.keys[position] = row.key[i];
+      ++position;
+    }
+  }
+  __syncthreads();
+}
+
+// The slot of each of the `selected` staged winners in rank order, and the empty slots, when
+// few enough are staged that each winner counts the ones ranked before it (one thread a winner:
+// broadcast reads of the staged keys, no sort).
+constexpr int kMaxRankedByCount = 256;
+
+// Phase 4, the store: `selected` staged winners into the row's k slots, page-transformed, padded
+// with kEmptySlot (-inf values); sorted: value descending, then column ascending.
+template <bool kSorted>
+__device__ __forceinline__ void StoreWinners(Shared& s, const TopkProblem& problem, int64_t row,
+                                             int selected) {
+  const int k = problem.k;
+  int32_t* row_out = problem.out + row * k;
+  uint32_t* row_values =
+      problem.values != nullptr ? static_cast<uint32_t*>(problem.values) + row * k : nullptr;
+  const int32_t* table_row =
+      problem.page_table != nullptr
+          ? problem.page_table +
+                TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages
+          : nullptr;
+  const auto store = [&](int slot, int32_t column, uint32_t key) {
+    row_out[slot] = PageTransform(column, table_row, problem.log2_page_size);
+    if (row_values != nullptr) row_values[slot] = BitsFromOrderedKeyF32(key);
+  };
+  const auto store_empty = [&](int slot) {
+    row_out[slot] = kEmptySlot;
+    if (row_values != nullptr) row_values[slot] = kNegInfF32Bits;
+  };
+  if (!kSorted || selected <= kMaxRankedByCount) {
+    for (int slot = threadIdx.x; slot < k; slot += kThreads) {
+      if (slot >= selected) {
+        store_empty(slot);
+      } else if (!kSorted) {
+        store(slot, s.staged.columns[slot], s.staged.keys[slot]);
+      } else {
+        // Staged order is column order: ties rank the lower column first.
+        const uint32_t key = s.staged.keys[slot];
+        int rank = 0;
+        for (int j = 0; j < selected; ++j) {
+          const uint32_t other = s.staged.keys[j];
+          rank += other > key || (other == key && j < slot);
+        }
+        store(rank, s.staged.columns[slot], key);
+      }
+    }
+    return;
+  }
+  if constexpr (kSorted) {
+    // Blocked order = staged (ascending column) order and the sort is stable, so ties keep
+    // ascending columns; padding keys (0) sort after every real key.
+    uint32_t keys[kSortItems];
+    int32_t columns[kSortItems];
+#pragma unroll
+    for (int i = 0; i < kSortItems; ++i) {
+      const int slot = threadIdx.x * kSortItems + i;
+      keys[i] = slot < selected ? s.staged.keys[slot] : 0u;
+      columns[i] = slot < selected ? s.staged.columns[slot] : kEmptySlot;
+    }
+    __syncthreads();
+    BlockSort(s.sort).SortDescendingBlockedToStriped(keys, columns);
+#pragma unroll
+    for (int i = 0; i < kSortItems; ++i) {
+      const int slot = i * kThreads + threadIdx.x;
+      if (slot >= k) continue;
+      if (slot < selected) {
+        store(slot, columns[i], keys[i]);
+      } else {
+        store_empty(slot);
+      }
+    }
+  }
+}
+
+template <int kElems, bool kSorted>
+__global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProblem problem) {
+  __shared__ Shared s;
+  const int64_t row = blockIdx.x;
+  const int k = problem.k;
+  if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
+    StoreWinners<false>(s, problem, row, 0);
+    return;
+  }
+  const int length =
+      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
+                                                  : problem.width);
+  RowKeys<kElems> keys;
+  LoadRow(static_cast<const float*>(problem.scores) + row * problem.width, length, keys);
+
+  // Valid keys (<= 2^15) and valid sampled keys, summed in one int.
+  uint32_t counts = 0;
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) counts += keys.key[i] != 0;
+  counts |= static_cast<uint32_t>((keys.key[0] != 0) + (keys.key[kElems / 2] != 0)) << 16;
+  uint32_t total;
+  BlockExclusiveSum(s.warp_sums, counts, total);
+  const int valid = static_cast<int>(total & 0xFFFF);
+  const int sampled = static_cast<int>(total >> 16);
+  __syncthreads();  // warp_sums is rewritten below
+
+  // At most k valid keys: all of them (every key > 0).
+  const Pivot pivot = valid <= k ? Pivot{0, 0} : FindPivot(s, keys, k, valid, sampled);
+  StageWinners(s, keys, pivot);
+  StoreWinners<kSorted>(s, problem, row, min(valid, k));
+}
+
+template <int kElems>
+void Launch(const TopkProblem& problem, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(problem.rows));
+  if (problem.sorted) {
+    TopkF32RowsKernel<kElems, true><<<grid, kThreads, 0, stream>>>(problem);
+  } else {
+    TopkF32RowsKernel<kElems, false><<<grid, kThreads, 0, stream>>>(problem);
+  }
+}
+
+}  // namespace
+
+bool TopkF32RowsServes(const TopkProblem& problem) {
+  if (problem.score_type != ScoreType::kFloat32 || problem.width > kF32RowsMaxWidth) return false;
+  // Benchmarks and tests: "off" or "always" (every call it can take), read at each launch.
+  const char* mode = std::getenv("JAX_TOPK_F32_ROWS");
+  if (mode != nullptr && std::strcmp(mode, "off") == 0) return false;
+  if (mode != nullptr && std::strcmp(mode, "always") == 0) return true;
+  // Measured on the H200 (benches/NOTES.md "topk_f32_rows"): a block radix sort of the winners
+  // costs more than the filtered kernel's whole call; past 264 rows of 16384 columns (132 of
+  // 32768, one wave) the filtered kernel's queue streams more rows an SM; and under 48 rows of
+  // 32768 columns (96 sorted) its cluster of blocks a row reads a row faster than one SM does.
+  if (problem.sorted && problem.k > kMaxRankedByCount) return false;
+  if (problem.width <= 16384) return problem.rows <= 264;
+  return problem.rows <= 132 && problem.rows >= (problem.sorted ? 96 : 48);
+}
+
+cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream) {
+  if (problem.rows == 0) return cudaSuccess;
+  if (problem.rows < 0 || problem.rows > INT_MAX || problem.width < 1 ||
+      problem.width > kF32RowsMaxWidth || problem.k < 1 || problem.k > kMaxK ||
+      problem.score_type != ScoreType::kFloat32 ||
+      (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
+    return cudaErrorInvalidValue;
+  }
+  // The narrowest slice that covers the row: short rows hold fewer registers.
+  if (problem.width <= kThreads * 8) {
+    Launch<8>(problem, stream);
+  } else if (problem.width <= kThreads * 16) {
+    Launch<16>(problem, stream);
+  } else {
+    Launch<32>(problem, stream);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace jax_topk

@@ -1,0 +1,135 @@
+"""GPU-only: the register kernel for few float32 rows of at most 32768 columns
+(cuda/kernels/topk_f32_rows.cu, which topk_filtered and top_k take for the shapes where it
+measured faster) against the CPU handler bit for bit: every value family at widths around its
+slice sizes, rows that fool its sample or crowd its candidate buffer, page tables,
+num_valid_rows, sorted output (ranked by count and by the block sort) and values. Every test
+here forces it on (JAX_TOPK_F32_ROWS=always, read at each launch); a subprocess with it off keeps
+the filtered kernel's own short-row routes covered on float32."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import jax_topk
+from tests.support import families
+from tests.support.operators import gpu_devices, permuted_page_table, run_op
+from tests.support.processes import run_python
+from tests.test_gpu_stress import one_coarse_bin, sample_foolers
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX"),
+]
+
+
+@pytest.fixture(autouse=True)
+def register_kernel_always(monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_ROWS", "always")
+
+
+# Slices of 8, 16 and 32 columns a thread: the widths at and past each boundary.
+WIDTHS = [5, 2049, 4096, 8192, 8193, 12347, 16384, 16385, 32767, 32768]
+
+
+def same_on_both(op, scores, lengths, **kwargs):
+    gpu = run_op(op, "gpu", scores, lengths, **kwargs)
+    cpu = run_op(op, "cpu", scores, lengths, **kwargs)
+    np.testing.assert_array_equal(gpu, cpu)
+    return gpu
+
+
+def crowded_rows(rng, rows, n):
+    """Rows the sample cannot settle: even rows repeat one value ~6000 times at the k-th place
+    (more keys at the cutoff than the candidate buffer holds); odd rows hold their large values
+    only at the columns the sample reads (each thread's first and middle column), so the
+    sampled cutoff keeps fewer than k."""
+    out = rng.standard_normal((rows, n)).astype(np.float32) * 0.01
+    out[0::2, : min(n, 6000)] = 0.5
+    out[0::2, rng.integers(0, n, size=100)] = 2.0
+    out[1::2, 0::16] += 5.0
+    return out
+
+
+def bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint32) if x.dtype == np.float32 else x
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+@pytest.mark.parametrize("k", [1, 2047, 2048])
+def test_families(n, k):
+    rng = np.random.default_rng(n * 7 + k)
+    rows = 6
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (rows, n), "float32")
+        lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+        lengths[:4] = [n, k - 1, k, k + 1]
+        for sorted_ in (False, True):
+            same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+
+
+@pytest.mark.parametrize("n", [4097, 20000, 32768])
+def test_sample_foolers_and_crowded_cutoffs(n):
+    rng = np.random.default_rng(n)
+    for make in (sample_foolers, one_coarse_bin, crowded_rows):
+        scores = make(rng, 40, n)
+        lengths = np.full(40, n, np.int32)
+        lengths[1::3] = rng.integers(0, n + 1, size=len(lengths[1::3]))
+        for k in (64, 2048):
+            for sorted_ in (False, True):
+                same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 64, 132, 133])
+def test_same_bits_as_the_filtered_kernel(rows, monkeypatch):
+    rng = np.random.default_rng(rows)
+    scores = rng.standard_normal((rows, 32768)).astype(np.float32)
+    lengths = rng.integers(0, 32769, size=rows).astype(np.int32)
+    for k, sorted_ in ((2048, False), (2048, True), (200, True), (256, True), (257, True)):
+        mine = same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+        monkeypatch.setenv("JAX_TOPK_F32_ROWS", "off")
+        theirs = run_op("topk_filtered", "gpu", scores, lengths, k=k, sorted=sorted_)
+        monkeypatch.setenv("JAX_TOPK_F32_ROWS", "always")
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_page_table_and_num_valid_rows():
+    rng = np.random.default_rng(4)
+    rows, n, page = 8, 16384, 64
+    scores = rng.standard_normal((rows, n)).astype(np.float32)
+    lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
+    table = permuted_page_table(rng, rows, n // page)
+    for valid in (8, 3, 0):
+        same_on_both(
+            "topk_filtered",
+            scores,
+            lengths,
+            k=512,
+            page_table=table,
+            page_size=page,
+            num_valid_rows=np.int32(valid),
+        )
+
+
+@pytest.mark.parametrize("family", ["normal", "heavy_ties", "signed_zeros", "denormals", "nan_mix"])
+def test_top_k_values(family):
+    """top_k's values beside its indices, sorted and not, from the same kernel."""
+    rng = np.random.default_rng(5)
+    operand = families.make(family, rng, (4, 30000), "float32")
+    gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
+    for sorted_ in (True, False):
+        got = jax.jit(lambda x, s=sorted_: jax_topk.top_k(x, 2048, sorted=s))(
+            jax.device_put(operand, gpu)
+        )
+        want = jax.jit(lambda x, s=sorted_: jax_topk.top_k(x, 2048, sorted=s))(
+            jax.device_put(operand, cpu)
+        )
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(bits(a), bits(b))
+
+
+def test_filtered_kernel_short_float32_rows_when_switched_off():
+    out = run_python("-m", "tests.checks.f32_rows_off", JAX_TOPK_F32_ROWS="off")
+    assert "filtered kernel, short float32 rows: ok" in out
