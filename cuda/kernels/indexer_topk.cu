@@ -24,6 +24,7 @@
 // workspaces for it, and at each dispatch).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -186,6 +187,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   WriteRow(s, launch.problem, m);
 }
 
+std::atomic<int64_t> fused_launches{0};  // IndexerTopkFusedLaunches()
+
 // Which path: JAX_TOPK_INDEXER_TOPK=fused asks for the fused one (tests, benchmarks); unset or
 // anything else, the unfused one.
 bool FusedAskedFor() {
@@ -227,6 +230,10 @@ cudaError_t LaunchRowBlocks(Kernel kernel, const IndexerTopkLaunch& launch, cuda
 
 }  // namespace
 
+int64_t IndexerTopkFusedLaunches() {
+  return fused_launches.load(std::memory_order_relaxed);
+}
+
 cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& selection,
                               void* logits_workspace, size_t logits_bytes,
                               void* selection_workspace, size_t selection_bytes,
@@ -246,6 +253,7 @@ cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& s
     return LaunchUnfused(logits, selection, logits_workspace, selection_workspace, selection_bytes,
                          stream);
   }
+  fused_launches.fetch_add(1, std::memory_order_relaxed);
   unsigned char* const state_base = static_cast<unsigned char*>(selection_workspace);
   const auto state_of = [&](IndexerRowState which) {
     return state_base + IndexerStateOffset(rows, which);
