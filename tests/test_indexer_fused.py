@@ -136,6 +136,33 @@ def test_num_valid_rows_and_page_table(path, valid):
         assert (got[valid:] == -1).all()
 
 
+@pytest.mark.parametrize("valid", [0, 8])
+def test_masked_rows_past_num_valid_rows(monkeypatch, valid):
+    """Rows past num_valid_rows, long enough to be sampled, keep no candidates on the fused
+    path (a NaN threshold) and are all -1; the rows before them are kept whole (lengths -5,
+    0, 1, k-1, k, k+1) or sampled (n, n+7). Integer inputs make the logits exact on both
+    backends (sums of small integers below 2^24), so fused, unfused and the CPU agree bit
+    for bit."""
+    if not gpu_devices():
+        pytest.skip("no GPU")
+    rng = np.random.default_rng(50 + valid)
+    queries, n, k = 12, 20000, 2048
+    q, keys, weights = make_inputs(rng, queries, HEADS, HEAD_DIM, n, family="integers")
+    lengths = edge_lengths(k, n, queries, rng)
+    lengths[valid:] = n  # masked rows that a -inf threshold would fill to the capacity
+    for sorted_ in (False, True):
+        kwargs = dict(lengths=lengths, k=k, num_valid_rows=np.int32(valid), sorted=sorted_)
+        cpu = run(jax_topk.indexer_topk, "cpu", q, keys, weights, **kwargs)
+        for path in ("fused", "unfused"):
+            monkeypatch.setenv("JAX_TOPK_INDEXER_TOPK", path)
+            got = _topk_on_path(
+                path, lambda: run(jax_topk.indexer_topk, "gpu", q, keys, weights, **kwargs)
+            )
+            np.testing.assert_array_equal(got, cpu)  # fused = unfused = CPU
+        assert (cpu[valid:] == -1).all()
+        assert (cpu[:valid] >= 0).sum() == np.clip(lengths[:valid], 0, k).sum()
+
+
 def test_fp8_with_key_scales(path):
     rng = np.random.default_rng(5)
     n = 20000

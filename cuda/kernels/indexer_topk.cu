@@ -5,7 +5,8 @@
 //     sample, 1/s of the work) to the logits workspace.
 //  2. Cutoffs (one block a row): the ordered key of the (e + 4 sqrt(e) + 8)-th largest sampled
 //     value (e = k / s), which the row's k-th largest should lie above; rows of at most
-//     kIndexerMaxCandidates columns keep every value. Also zeroes the row's counters.
+//     kIndexerMaxCandidates columns keep every value, masked and empty rows none. Also zeroes
+//     the row's counters.
 //  3. Main pass: the tensor-core kernel over all keys with the KeepCandidates sink: each row's
 //     values >= its cutoff's threshold (an upper set of the total order) go to its candidates.
 //  4. Selection (one block a row): a row with k <= count <= capacity (or one that keeps every
@@ -41,6 +42,9 @@ namespace {
 
 static_assert(kIndexerMaxCandidates <= kSharedCandidates,
               "step 4 copies a row's candidates into s.candidates");
+
+// A quiet NaN: the main pass's `value >= threshold` keeps nothing at it.
+constexpr uint32_t kNoValueKept = 0x7FC00000u;
 
 // The per-row state arrays in the selection workspace (common/indexer_topk_workspace.h).
 struct IndexerTopkState {
@@ -128,7 +132,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) CutoffKernel(const IndexerTo
   if (threadIdx.x == 0) {
     state.cutoffs[row] = cutoff;
     state.largest[row] = s.sample_largest;
-    state.thresholds[row] = KeepThreshold(cutoff);
+    // A masked (length -1) or empty row keeps nothing: no value is >= NaN. (The tensor-core
+    // kernel knows no num_valid_rows, so "keeps every value" would fill a masked row's
+    // candidates for nothing.) Step 4 writes these rows' -1s before it reads their counts or
+    // cutoffs, so none is marked for the recompute.
+    state.thresholds[row] = length <= 0 ? __uint_as_float(kNoValueKept) : KeepThreshold(cutoff);
   }
 }
 
