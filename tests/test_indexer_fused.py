@@ -4,7 +4,11 @@ against topk_filtered(indexer_logits) on the GPU, bit for bit, asked for through
 JAX_TOPK_INDEXER_TOPK=fused (and, for the same inputs, the default unfused path). The inputs
 drive each route: rows short enough to keep every value (count exactly k at length k), sampled
 rows, and rows the sample cannot settle (every logit 0, a few distinct keys, a key order that
-fools the sample both ways). Run with XLA_PYTHON_CLIENT_PREALLOCATE=false under xdist."""
+fools the sample both ways). The handler falls back to the unfused path without a word (a
+build without sm_90a, workspaces traced without the switch, a shape the tensor-core kernel
+does not take), so every call also checks the CUDA module's count of fused calls: it moved
+on the fused path and did not on the unfused one. Run with XLA_PYTHON_CLIENT_PREALLOCATE=false
+under xdist."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import numpy as np
 import pytest
 
 import jax_topk
+from jax_topk import _lowering
 from tests.support.families import edge_lengths
 from tests.support.indexer import BF16, FP8, logits_then_topk, make_inputs, run
 from tests.support.operators import gpu_devices, permuted_page_table
@@ -32,8 +37,26 @@ def path(request, monkeypatch):
     return request.param
 
 
-def _assert_matches(q, keys, weights, lengths, **kwargs):
-    got = run(jax_topk.indexer_topk, "gpu", q, keys, weights, lengths=lengths, **kwargs)
+def _fused_launches():
+    """indexer_topk's calls on the fused path so far in this process (none without the CUDA
+    extension)."""
+    module = _lowering._jax_topk_cuda
+    return 0 if module is None else module.indexer_topk_fused_launches()
+
+
+def _topk_on_path(path, topk):
+    """topk() (indexer_topk calls on the GPU, blocking), failing unless they ran on `path`."""
+    before = _fused_launches()
+    got = topk()
+    fused = _fused_launches() > before
+    assert fused == (path == "fused"), f"asked for {path}, the fused path ran: {fused}"
+    return got
+
+
+def _assert_matches(path, q, keys, weights, lengths, **kwargs):
+    got = _topk_on_path(
+        path, lambda: run(jax_topk.indexer_topk, "gpu", q, keys, weights, lengths=lengths, **kwargs)
+    )
     want = run(logits_then_topk, "gpu", q, keys, weights, lengths=lengths, **kwargs)
     np.testing.assert_array_equal(got, want)
     return got
@@ -52,7 +75,7 @@ def test_routes_over_edge_lengths(path, family, k, n):
     lengths = edge_lengths(k, n, queries, rng)
     lengths[-4:] = n - rng.integers(0, 3 * KEY_TILE, size=4)  # more sampled rows
     for sorted_ in (False, True):
-        got = _assert_matches(q, keys, weights, lengths, k=k, sorted=sorted_)
+        got = _assert_matches(path, q, keys, weights, lengths, k=k, sorted=sorted_)
         if family == "all_negative":  # every logit 0: the lowest columns win
             for row in range(queries):
                 taken = int(np.clip(lengths[row], 0, min(n, k)))
@@ -75,7 +98,7 @@ def test_sample_fooling_key_order(path, where):
     keys[big] = np.abs(keys[big]) * 1000.0
     q, keys = q.astype(BF16), keys.astype(BF16)
     lengths = np.array([n, n - 1, n - 40, 2**31 - 1, 50000], np.int32)
-    got = _assert_matches(q, keys, weights, lengths, k=k)
+    got = _assert_matches(path, q, keys, weights, lengths, k=k)
     assert big[got[0]].all()
 
 
@@ -86,7 +109,7 @@ def test_count_exactly_k_and_capacity(path):
     q, keys, weights = make_inputs(rng, 6, HEADS, HEAD_DIM, n, family="integers")
     lengths = np.array([k, k + 1, CAPACITY, CAPACITY + 1, k - 1, n], np.int32)
     for sorted_ in (False, True):
-        _assert_matches(q, keys, weights, lengths, k=k, sorted=sorted_)
+        _assert_matches(path, q, keys, weights, lengths, k=k, sorted=sorted_)
 
 
 @pytest.mark.parametrize("valid", [0, 3, 9])
@@ -99,6 +122,7 @@ def test_num_valid_rows_and_page_table(path, valid):
     table = permuted_page_table(rng, queries, -(-n // page_size) + 1)
     for sorted_ in (False, True):
         got = _assert_matches(
+            path,
             q,
             keys,
             weights,
@@ -112,13 +136,40 @@ def test_num_valid_rows_and_page_table(path, valid):
         assert (got[valid:] == -1).all()
 
 
+@pytest.mark.parametrize("valid", [0, 8])
+def test_masked_rows_past_num_valid_rows(monkeypatch, valid):
+    """Rows past num_valid_rows, long enough to be sampled, keep no candidates on the fused
+    path (a NaN threshold) and are all -1; the rows before them are kept whole (lengths -5,
+    0, 1, k-1, k, k+1) or sampled (n, n+7). Integer inputs make the logits exact on both
+    backends (sums of small integers below 2^24), so fused, unfused and the CPU agree bit
+    for bit."""
+    if not gpu_devices():
+        pytest.skip("no GPU")
+    rng = np.random.default_rng(50 + valid)
+    queries, n, k = 12, 20000, 2048
+    q, keys, weights = make_inputs(rng, queries, HEADS, HEAD_DIM, n, family="integers")
+    lengths = edge_lengths(k, n, queries, rng)
+    lengths[valid:] = n  # masked rows that a -inf threshold would fill to the capacity
+    for sorted_ in (False, True):
+        kwargs = dict(lengths=lengths, k=k, num_valid_rows=np.int32(valid), sorted=sorted_)
+        cpu = run(jax_topk.indexer_topk, "cpu", q, keys, weights, **kwargs)
+        for path in ("fused", "unfused"):
+            monkeypatch.setenv("JAX_TOPK_INDEXER_TOPK", path)
+            got = _topk_on_path(
+                path, lambda: run(jax_topk.indexer_topk, "gpu", q, keys, weights, **kwargs)
+            )
+            np.testing.assert_array_equal(got, cpu)  # fused = unfused = CPU
+        assert (cpu[valid:] == -1).all()
+        assert (cpu[:valid] >= 0).sum() == np.clip(lengths[:valid], 0, k).sum()
+
+
 def test_fp8_with_key_scales(path):
     rng = np.random.default_rng(5)
     n = 20000
     q, keys, weights = make_inputs(rng, 6, HEADS, HEAD_DIM, n, dtype=FP8)
     key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32)
     lengths = np.array([n, n - 100, 9000, 2048, 0, 12345], np.int32)
-    _assert_matches(q, keys, weights, lengths, k=2048, key_scales=key_scales)
+    _assert_matches(path, q, keys, weights, lengths, k=2048, key_scales=key_scales)
 
 
 @pytest.mark.parametrize("n", [3000, 40000])
@@ -127,7 +178,7 @@ def test_one_query_row(path, n):
     rng = np.random.default_rng(n)
     q, keys, weights = make_inputs(rng, 1, HEADS, HEAD_DIM, n)
     for length in (n, n - 5, 2047):
-        _assert_matches(q, keys, weights, np.array([length], np.int32), k=2048)
+        _assert_matches(path, q, keys, weights, np.array([length], np.int32), k=2048)
 
 
 def test_causal_prefill_chunk(path):
@@ -135,7 +186,7 @@ def test_causal_prefill_chunk(path):
     queries, n = 13, 20000
     q, keys, weights = make_inputs(rng, queries, HEADS, HEAD_DIM, n)
     lengths = (n - queries + 1 + np.arange(queries)).astype(np.int32)
-    _assert_matches(q, keys, weights, lengths, k=2048, sorted=True)
+    _assert_matches(path, q, keys, weights, lengths, k=2048, sorted=True)
 
 
 def test_vmap_over_sequences(path):
@@ -148,6 +199,7 @@ def test_vmap_over_sequences(path):
     lengths[:, 0] = n
     device = gpu_devices()[0]
     args = jax.device_put((q, keys, weights, lengths), device)
-    got = jax.jit(jax.vmap(lambda *a: jax_topk.indexer_topk(*a, k=k)))(*args)
+    topk = jax.jit(jax.vmap(lambda *a: jax_topk.indexer_topk(*a, k=k)))
+    got = _topk_on_path(path, lambda: np.asarray(topk(*args)))
     want = jax.jit(jax.vmap(lambda *a: logits_then_topk(*a, k=k)))(*args)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(got, np.asarray(want))

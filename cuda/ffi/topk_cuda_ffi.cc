@@ -128,4 +128,6 @@ NB_MODULE(_jax_topk_cuda, m) {
         nb::capsule(reinterpret_cast<void*>(jax_topk::IndexerTopkCudaHandler));
     return targets;
   });
+  // Tests only: whether indexer_topk's fused path ran (kernels/indexer_cuda.h).
+  m.def("indexer_topk_fused_launches", &jax_topk::IndexerTopkFusedLaunches);
 }

@@ -58,4 +58,9 @@ cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& s
                               void* selection_workspace, size_t selection_bytes,
                               cudaStream_t stream);
 
+// How many LaunchIndexerTopk calls in this process took the fused path: tests check with it
+// that the path they asked for ran (the handler falls back to the unfused one silently). One
+// relaxed atomic add a fused call; a call XLA captures into a CUDA graph counts at the capture.
+int64_t IndexerTopkFusedLaunches();
+
 }  // namespace jax_topk

@@ -5,7 +5,8 @@
 //     sample, 1/s of the work) to the logits workspace.
 //  2. Cutoffs (one block a row): the ordered key of the (e + 4 sqrt(e) + 8)-th largest sampled
 //     value (e = k / s), which the row's k-th largest should lie above; rows of at most
-//     kIndexerMaxCandidates columns keep every value. Also zeroes the row's counters.
+//     kIndexerMaxCandidates columns keep every value, masked and empty rows none. Also zeroes
+//     the row's counters.
 //  3. Main pass: the tensor-core kernel over all keys with the KeepCandidates sink: each row's
 //     values >= its cutoff's threshold (an upper set of the total order) go to its candidates.
 //  4. Selection (one block a row): a row with k <= count <= capacity (or one that keeps every
@@ -24,6 +25,7 @@
 // workspaces for it, and at each dispatch).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -40,6 +42,9 @@ namespace {
 
 static_assert(kIndexerMaxCandidates <= kSharedCandidates,
               "step 4 copies a row's candidates into s.candidates");
+
+// A quiet NaN: the main pass's `value >= threshold` keeps nothing at it.
+constexpr uint32_t kNoValueKept = 0x7FC00000u;
 
 // The per-row state arrays in the selection workspace (common/indexer_topk_workspace.h).
 struct IndexerTopkState {
@@ -127,7 +132,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) CutoffKernel(const IndexerTo
   if (threadIdx.x == 0) {
     state.cutoffs[row] = cutoff;
     state.largest[row] = s.sample_largest;
-    state.thresholds[row] = KeepThreshold(cutoff);
+    // A masked (length -1) or empty row keeps nothing: no value is >= NaN. (The tensor-core
+    // kernel knows no num_valid_rows, so "keeps every value" would fill a masked row's
+    // candidates for nothing.) Step 4 writes these rows' -1s before it reads their counts or
+    // cutoffs, so none is marked for the recompute.
+    state.thresholds[row] = length <= 0 ? __uint_as_float(kNoValueKept) : KeepThreshold(cutoff);
   }
 }
 
@@ -186,6 +195,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   WriteRow(s, launch.problem, m);
 }
 
+std::atomic<int64_t> fused_launches{0};  // IndexerTopkFusedLaunches()
+
 // Which path: JAX_TOPK_INDEXER_TOPK=fused asks for the fused one (tests, benchmarks); unset or
 // anything else, the unfused one.
 bool FusedAskedFor() {
@@ -227,6 +238,10 @@ cudaError_t LaunchRowBlocks(Kernel kernel, const IndexerTopkLaunch& launch, cuda
 
 }  // namespace
 
+int64_t IndexerTopkFusedLaunches() {
+  return fused_launches.load(std::memory_order_relaxed);
+}
+
 cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& selection,
                               void* logits_workspace, size_t logits_bytes,
                               void* selection_workspace, size_t selection_bytes,
@@ -246,6 +261,7 @@ cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& s
     return LaunchUnfused(logits, selection, logits_workspace, selection_workspace, selection_bytes,
                          stream);
   }
+  fused_launches.fetch_add(1, std::memory_order_relaxed);
   unsigned char* const state_base = static_cast<unsigned char*>(selection_workspace);
   const auto state_of = [&](IndexerRowState which) {
     return state_base + IndexerStateOffset(rows, which);
