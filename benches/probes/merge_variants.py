@@ -1,9 +1,10 @@
 """merge_topk's register-kernel variants at issue 14's shape (benches/probes/merge_rows.py's
 inputs), chosen by JAX_TOPK_MERGE_VARIANT (read at each launch; a fresh jit a variant): `old`
-(the radix select from the registers), `sampled` (the sampled path first), `staged` (the
-sampled path and the next row staged in shared memory by bulk copies), `default` (unset: staged
-for sorted output, old for unsorted). Each variant's result
-on the first input set is checked bit for bit against the CPU handler; a table comes last.
+(the radix select from the registers), `sampled` (the sampled cutoff, ranked by 11-bit
+buckets), `staged` (that and the next row staged in shared memory by bulk copies),
+`fine-unstaged` (the sampled cutoff ranked by fine buckets), `fine` (that and the staged row),
+`default` (unset: fine). Each variant's result on the first input set is checked bit for bit
+against the CPU handler; a table comes last.
 Run on the GPU from the repo root: python -m benches.probes.merge_variants [VARIANT ...]"""
 
 import os
@@ -31,7 +32,7 @@ def same_bits(got, want):
 
 
 def main():
-    variants = sys.argv[1:] or ["old", "sampled", "staged"]
+    variants = sys.argv[1:] or ["old", "staged", "fine"]
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     tbps = copy_bandwidth_tbps()
     print(f"copy bandwidth {tbps:.2f} TB/s", flush=True)
