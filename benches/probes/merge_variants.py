@@ -3,8 +3,10 @@ inputs), chosen by JAX_TOPK_MERGE_VARIANT (read at each launch; a fresh jit a va
 (the radix select from the registers), `sampled` (the sampled cutoff, ranked by 11-bit
 buckets), `staged` (that and the next row staged in shared memory by bulk copies),
 `fine-unstaged` (the sampled cutoff ranked by fine buckets), `fine` (that and the staged row),
-`default` (unset: fine). Each variant's result on the first input set is checked bit for bit
-against the CPU handler; a table comes last.
+`default` (unset: fine). VARIANT@N (a probe build, -DJAX_TOPK_MERGE_PROBE=1) ends each row's
+sampled path at phase N (merge_in_registers.cuh: 1 load, 2 cutoff, 3 filter, 4 fine placing)
+to time the phases; its output is not the merge. Each variant's result on the first input set
+is checked bit for bit against the CPU handler; a table comes last.
 Run on the GPU from the repo root: python -m benches.probes.merge_variants [VARIANT ...]"""
 
 import os
@@ -43,10 +45,12 @@ def main():
         for sorted_ in (True, False):
             want = merge_on(cpu, sets[0], sorted_)
             for variant in variants:
-                if variant == "default":
+                name, _, stop = variant.partition("@")
+                os.environ["JAX_TOPK_MERGE_PROBE_STOP"] = stop or "0"
+                if name == "default":
                     os.environ.pop("JAX_TOPK_MERGE_VARIANT", None)
                 else:
-                    os.environ["JAX_TOPK_MERGE_VARIANT"] = variant
+                    os.environ["JAX_TOPK_MERGE_VARIANT"] = name
                 exact = same_bits(merge_on(gpu, sets[0], sorted_), want)
                 fn = jax.jit(lambda v, i, o=sorted_: jax_topk.merge_topk(v, i, K, sorted=o))
                 t = device_time_us(fn, sets, 8)

@@ -47,6 +47,13 @@ constexpr int kListCapacity = 4096;  // the sampled path's list (~2800 kept at k
 constexpr int kListSlots = kListCapacity / kThreads;
 constexpr int kSamples = 2;  // keys a thread in the sample
 constexpr unsigned kAllLanes = 0xFFFFFFFFu;
+// The probe build (-DJAX_TOPK_MERGE_PROBE=1) can end a row's sampled path early, to time its
+// phases (the output is then not the merge): `probe_stop` 1 after the load, 2 after the
+// cutoff, 3 after the filter, 4 after the fine rank's placing; 0 never.
+#ifndef JAX_TOPK_MERGE_PROBE
+#define JAX_TOPK_MERGE_PROBE 0
+#endif
+constexpr bool kProbe = JAX_TOPK_MERGE_PROBE;
 static_assert(kListItems * kThreads == kMaxK, "the list and the sort hold k <= kMaxK");
 
 struct BinFound {
@@ -446,7 +453,7 @@ template <typename Values>
 __device__ __forceinline__ bool RankByFineBuckets(Shared& s, int kept, int taken, int32_t k,
                                                   bool sorted,
                                                   typename Values::Bits* row_out_values,
-                                                  int32_t* row_out_indices) {
+                                                  int32_t* row_out_indices, int probe_stop) {
   const OrderCode code = CodeOver(s.kept, true, kept > 0);
   const int code_bits = code.key_bits + code.column_bits;
   const int shift =
@@ -459,6 +466,10 @@ __device__ __forceinline__ bool RankByFineBuckets(Shared& s, int kept, int taken
   if (!PlaceByBucket<kListSlots>(s.fine, kept, code_of_slot, shift, limit, !sorted, kMaxBucket,
                                  s.placed))
     return false;
+  if (kProbe && probe_stop == 4) {
+    s.fine.Zero();
+    return true;
+  }
   const auto fill_empty = [&] {
     for (int slot = taken + threadIdx.x; slot < k; slot += kThreads) {
       row_out_indices[slot] = kEmptySlot;
@@ -535,7 +546,7 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
                                               const int32_t (&columns)[kItems],
                                               uint32_t sample_rank, int32_t k, bool sorted,
                                               bool fine, typename Values::Bits* row_out_values,
-                                              int32_t* row_out_indices) {
+                                              int32_t* row_out_indices, int probe_stop) {
   // The sample: items lane and lane + 16 of each thread, so every chunk (list) is sampled.
   const int lane = static_cast<int>(threadIdx.x % 32);
   uint32_t sample[kSamples] = {0, 0};
@@ -552,6 +563,7 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
   SelectDigit<kSamples>(s, key_of_sample, cut, Values::kKeyBits);
   if (!cut.exact) SelectDigit<kSamples>(s, key_of_sample, cut, Values::kKeyBits - kDigitBits);
   const uint32_t cutoff = cut.prefix;  // 0 when the sample holds <= sample_rank keys: all pass
+  if (kProbe && probe_stop == 2) return true;
 
   // The filter: candidates and kept ones counted in one scan (each total <= 16384 < 2^16).
   uint32_t kept_mask = 0, my_candidates = 0;
@@ -567,8 +579,10 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
   if (kept < taken || kept > kListCapacity) return false;  // block-uniform
   ListMarked(s, keys, columns, kept_mask, at, s.kept);
   __syncthreads();
+  if (kProbe && probe_stop == 3) return true;
   if (fine)
-    return RankByFineBuckets<Values>(s, kept, taken, k, sorted, row_out_values, row_out_indices);
+    return RankByFineBuckets<Values>(s, kept, taken, k, sorted, row_out_values, row_out_indices,
+                                     probe_stop);
 
   // The kept candidates' order code (key descending, column ascending) and its buckets.
   const OrderCode code = CodeOver(s.kept, true, kept > 0);
@@ -687,8 +701,8 @@ template <typename Values>
 __global__ void __launch_bounds__(kThreads, 1)
     MergeInRegistersKernel(const typename Values::Bits* values, const int32_t* indices,
                            int64_t rows, int64_t width, int32_t k, bool sorted, bool vector_loads,
-                           bool sampled, bool fine, bool staged, typename Values::Bits* out_values,
-                           int32_t* out_indices) {
+                           bool sampled, bool fine, bool staged, int probe_stop,
+                           typename Values::Bits* out_values, int32_t* out_indices) {
   using Bits = typename Values::Bits;
   extern __shared__ __align__(16) unsigned char shared_bytes[];  // sizeof(Shared)
   Shared& s = *reinterpret_cast<Shared*>(shared_bytes);
@@ -755,9 +769,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0 && row + grid < rows)
         StageRow(s.row_landed, staged_values, values, indices, row + grid, width);
     }
+    if (kProbe && probe_stop == 1) continue;
 
     if (sampled && MergeBySample<Values>(s, keys, columns, sample_rank, k, sorted, fine,
-                                         out_values + row * k, out_indices + row * k)) {
+                                         out_values + row * k, out_indices + row * k, probe_stop)) {
       __syncthreads();  // the list's storage is the next row's
       continue;
     }

@@ -269,9 +269,15 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
                       reinterpret_cast<uintptr_t>(p.values) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
   const size_t shared_bytes = merge_registers::SharedBytes<Bits>(staged, p.width);
+  int probe_stop = 0;  // the probe build's phase timing (merge_in_registers.cuh)
+  if (merge_registers::kProbe) {
+    const char* stop = std::getenv("JAX_TOPK_MERGE_PROBE_STOP");
+    probe_stop = stop == nullptr ? 0 : std::atoi(stop);
+  }
   kernel<<<static_cast<unsigned>(grid), merge_registers::kThreads, shared_bytes, stream>>>(
       static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted, vector_loads,
-      variant.sampled, variant.fine, staged, static_cast<Bits*>(p.out_values), p.out_indices);
+      variant.sampled, variant.fine, staged, probe_stop, static_cast<Bits*>(p.out_values),
+      p.out_indices);
   return cudaGetLastError();
 }
 
