@@ -346,3 +346,53 @@ def test_sorted_lists_gpu_equals_cpu(dtype):
     for sorted_ in (True, False):
         got = run_merge("gpu", values, indices, 2048, sorted_)
         assert_same(got, run_merge("cpu", values, indices, 2048, sorted_), f"sorted={sorted_}")
+
+
+def fine_bucket_rows(rng, rows, dtype, k=2048):
+    """Rows of 8 lists of 2048 for the register kernel's fine-bucket rank (each takes the
+    sampled path: ~2800 kept), the row kind cycling with the row: 0 normal values (the
+    benchmark's; for 16-bit types many equal keys in the bucket holding rank k); 1 one +inf
+    (the key span 2^30: wide buckets, crowded near the cutoff); 2 the top 300 values a cluster
+    of adjacent keys under one huge value (a crowded bucket before rank k: sorted output falls
+    back, unsorted does not rank it); 3 and 4: 40 / 100 equal values at the k-th (a tie group
+    in the bucket holding rank k: ranked by column / crowded); 5 the winners' columns in a
+    narrow range between columns 0 and 2^31 - 2 (the (column, key) buckets crowded)."""
+    dtype = jnp.dtype(dtype)
+    unsigned = np.dtype(f"uint{dtype.itemsize * 8}")
+    width = 16384
+    values = np.empty((rows, width), dtype)
+    columns = np.empty((rows, width), np.int32)
+    for r in range(rows):
+        kind = r % 6
+        v = rng.standard_normal(width).astype(dtype)
+        shards = np.sort(rng.integers(0, 16384, (8, 2048)), axis=-1) + 16384 * np.arange(8)[:, None]
+        col = shards.reshape(-1).astype(np.int32)
+        order = np.argsort(-v.astype(np.float32), kind="stable")
+        if kind == 1:
+            v[order[5]] = np.inf
+        elif kind == 2:
+            top = np.asarray(3.0, dtype).view(unsigned)
+            v[order[:300]] = (top + np.arange(300, dtype=unsigned)).view(dtype)
+            v[order[0]] = 60000.0
+        elif kind in (3, 4):
+            group = 40 if kind == 3 else 100
+            v[order[k - group // 2 : k + group // 2]] = v[order[k]]
+        elif kind == 5:
+            col = (rng.permutation(width) + 1000).astype(np.int32)
+            col[order[0]], col[order[1]] = 0, np.iinfo(np.int32).max - 1
+        values[r], columns[r] = v, col
+    return values, columns
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("k", [2048, 1500])
+def test_fine_bucket_rank_gpu_equals_cpu(dtype, k):
+    """The register kernel's fine-bucket rank (both of its passes, its crowded-bucket
+    fallbacks and the bucket holding rank k) against the CPU handler bit for bit, on more rows
+    than an H200 has SMs."""
+    values, indices = fine_bucket_rows(np.random.default_rng(k), 6 * 30, dtype, k)
+    for sorted_ in (True, False):
+        got = run_merge("gpu", values, indices, k, sorted_)
+        assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")

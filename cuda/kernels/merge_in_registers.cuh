@@ -6,10 +6,10 @@
 // 0. The sampled path (when `sampled`), tried first: 1024 of the row's keys (two a thread,
 //    spread over every list) give a cutoff, the key whose rank among them is k's share plus 4
 //    standard deviations (two 11-bit digits of a select over the sample); the candidates at or
-//    above it (~k + 30 %) go to a shared list, ranked by buckets of its order code (step 2's
-//    method), and ranks < k win. The sample only decides how fast: when fewer than
-//    min(k, candidates) or more than kListCapacity pass, or a bucket that gets ranks is
-//    crowded, the row takes steps 1-2 from its registers.
+//    above it (~k + 30 %) go to a shared list, ranked by 16384 buckets of its order code
+//    (`fine`: merge_fine_buckets.cuh; else step 2's method), and ranks < k win. The sample
+//    only decides how fast: when fewer than min(k, candidates) or more than kListCapacity
+//    pass, or a bucket that gets ranks is crowded, the row takes steps 1-2 from its registers.
 // 1. Radix select on the ordered key, 11-bit digits in a shared histogram: the first pass over
 //    the registers (it also counts the candidates); the boundary bin's entries, when they fit,
 //    go to a shared list and the later passes run over it. A tied k-th key adds the same select
@@ -26,6 +26,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "kernels/merge_fine_buckets.cuh"
 #include "kernels/topk_scan.cuh"
 
 namespace jax_topk {
@@ -46,6 +47,13 @@ constexpr int kListCapacity = 4096;  // the sampled path's list (~2800 kept at k
 constexpr int kListSlots = kListCapacity / kThreads;
 constexpr int kSamples = 2;  // keys a thread in the sample
 constexpr unsigned kAllLanes = 0xFFFFFFFFu;
+// The probe build (-DJAX_TOPK_MERGE_PROBE=1) can end a row's sampled path early, to time its
+// phases (the output is then not the merge): `probe_stop` 1 after the load, 2 after the
+// cutoff, 3 after the filter, 4 after the fine rank's placing; 0 never.
+#ifndef JAX_TOPK_MERGE_PROBE
+#define JAX_TOPK_MERGE_PROBE 0
+#endif
+constexpr bool kProbe = JAX_TOPK_MERGE_PROBE;
 static_assert(kListItems * kThreads == kMaxK, "the list and the sort hold k <= kMaxK");
 
 struct BinFound {
@@ -84,9 +92,16 @@ struct Shared {
       int32_t columns[kListCapacity];
     } list;  // the boundary bin's entries during the select, then the winners (in no order);
              // the sampled path's kept candidates, then its winners in rank order
+    uint64_t placed_by_column[kListCapacity];  // the fine rank's winners by (column, key)
   };
-  uint16_t order[kListCapacity];  // slots by bucket
-  uint32_t hist[kBins];           // zero between uses
+  union {
+    uint16_t order[kListCapacity];   // slots by bucket
+    uint64_t placed[kListCapacity];  // the fine rank's kept candidates by (key, column)
+  };
+  union {
+    uint32_t hist[kBins];  // zero between uses (inside fine's words, zero between uses too)
+    FineBuckets<kThreads> fine;
+  };
   uint32_t warp_sums[kWarps];
   BinFound found;
   int32_t equal_taken;
@@ -103,6 +118,8 @@ template <typename Bits>
 __host__ __device__ constexpr size_t SharedBytes(bool staged, int64_t width) {
   return StagedOffset() + (staged ? static_cast<size_t>(width) * (sizeof(Bits) + 4) : 0);
 }
+static_assert(SharedBytes<uint32_t>(true, kMaxWidth) <= 227 * 1024,
+              "a float32 row staged fits the shared memory of one block per SM");
 
 // What a select decided: items whose projection masked by `mask` is above `prefix` win; of
 // those equal to it all win when `exact`, else `needed` of them (mask is then every bit).
@@ -289,6 +306,16 @@ struct OrderCode {
   }
 };
 
+// The order code over the items whose spans are `span` (`any`: there is one).
+__device__ __forceinline__ OrderCode CodeOver(const Span& span, bool sorted, bool any) {
+  OrderCode code{sorted, 0, 0, span.key_max, span.column_min};
+  if (any) {
+    code.key_bits = BitsOf(span.key_max - span.key_min);
+    code.column_bits = BitsOf(span.column_max - span.column_min);
+  }
+  return code;
+}
+
 // The crowded case: the `taken` winners (s.list) sorted with cub on their codes, a flag bit
 // above marking the pads (ascending: pads last); put(rank, key, column) for each, the key and
 // column read back from the code.
@@ -327,11 +354,7 @@ template <typename Values>
 __device__ __forceinline__ void WriteInOrder(Shared& s, int taken, int32_t k, bool sorted,
                                              typename Values::Bits* row_out_values,
                                              int32_t* row_out_indices) {
-  OrderCode code{sorted, 0, 0, s.winners.key_max, s.winners.column_min};
-  if (taken > 0) {
-    code.key_bits = BitsOf(s.winners.key_max - s.winners.key_min);
-    code.column_bits = BitsOf(s.winners.column_max - s.winners.column_min);
-  }
+  const OrderCode code = CodeOver(s.winners, sorted, taken > 0);
   const int code_bits = code.key_bits + code.column_bits;
   const auto put = [&](int rank, uint32_t key, int32_t column) {
     row_out_indices[rank] = column;
@@ -419,6 +442,102 @@ __device__ __forceinline__ uint32_t SampleRank(int64_t width, int32_t k) {
   return static_cast<uint32_t>(ceilf(expected + 4.0f * sqrtf(expected) + 1.0f));
 }
 
+// Step 0's rank when `fine`: the `kept` candidates in s.list (their spans in s.kept) placed by
+// fine buckets of their (key descending, column ascending) code (merge_fine_buckets.cuh).
+// Sorted, ranks < taken are the output places. Unsorted, that code only decides the winners
+// (every place before the bucket that holds rank `taken` wins, so only that bucket is ranked;
+// its winners move to their ranks), which are then placed and ranked by (column ascending,
+// key descending): the same code with its halves swapped. Returns false, before it writes
+// anything, when a bucket that gets ranks is crowded (s.fine zero again).
+template <typename Values>
+__device__ __forceinline__ bool RankByFineBuckets(Shared& s, int kept, int taken, int32_t k,
+                                                  bool sorted,
+                                                  typename Values::Bits* row_out_values,
+                                                  int32_t* row_out_indices, int probe_stop) {
+  const OrderCode code = CodeOver(s.kept, true, kept > 0);
+  const int code_bits = code.key_bits + code.column_bits;
+  const int shift =
+      code_bits > FineBuckets<kThreads>::kBits ? code_bits - FineBuckets<kThreads>::kBits : 0;
+  const auto column_mask = [&] { return (uint64_t{1} << code.column_bits) - 1; };
+  const auto key_mask = [&] { return (uint64_t{1} << code.key_bits) - 1; };
+  const uint32_t limit = static_cast<uint32_t>(taken);
+  const auto bucket_of = [&](uint64_t c) { return static_cast<uint32_t>(c >> shift); };
+  const auto code_of_slot = [&](int slot) { return code(s.list.keys[slot], s.list.columns[slot]); };
+  if (!PlaceByBucket<kListSlots>(s.fine, kept, code_of_slot, shift, limit, !sorted, kMaxBucket,
+                                 s.placed))
+    return false;
+  if (kProbe && probe_stop == 4) {
+    s.fine.Zero();
+    return true;
+  }
+  const auto fill_empty = [&] {
+    for (int slot = taken + threadIdx.x; slot < k; slot += kThreads) {
+      row_out_indices[slot] = kEmptySlot;
+      row_out_values[slot] = Values::kEmpty;
+    }
+  };
+  if (sorted) {
+#pragma unroll
+    for (int j = 0; j < kListSlots; ++j) {
+      const uint32_t place = j * kThreads + threadIdx.x;
+      if (place >= static_cast<uint32_t>(kept)) continue;
+      const uint64_t c = s.placed[place];
+      const uint32_t first = s.fine.Start(bucket_of(c));
+      if (first >= limit) continue;
+      const uint32_t rank = RankInBucket(s.placed, place, c, first, s.fine.End(bucket_of(c), kept));
+      if (rank >= limit) continue;
+      row_out_indices[rank] = static_cast<int32_t>(code.column_min + (c & column_mask()));
+      row_out_values[rank] =
+          Values::FromKey(code.key_max - static_cast<uint32_t>(c >> code.column_bits));
+    }
+    fill_empty();
+    __syncthreads();  // every rank read s.fine
+    s.fine.Zero();
+    return true;
+  }
+  //  Unsorted: the bucket holding rank `taken` (at most kMaxBucket places, so at most one a
+  //  thread) ranked, and its winners moved to places [its start, taken).
+  uint32_t moved_to = kListCapacity;
+  uint64_t moved = 0;
+#pragma unroll
+  for (int j = 0; j < kListSlots; ++j) {
+    const uint32_t place = j * kThreads + threadIdx.x;
+    if (place >= static_cast<uint32_t>(kept)) continue;
+    const uint64_t c = s.placed[place];
+    const uint32_t first = s.fine.Start(bucket_of(c)), end = s.fine.End(bucket_of(c), kept);
+    if (first < limit && limit < end) {
+      const uint32_t rank = RankInBucket(s.placed, place, c, first, end);
+      if (rank < limit) moved_to = rank, moved = c;
+    }
+  }
+  __syncthreads();  // every rank read s.placed and s.fine
+  s.fine.Zero();
+  if (moved_to < limit) s.placed[moved_to] = moved;
+  __syncthreads();
+  const auto column_code_of_place = [&](int place) {
+    const uint64_t c = s.placed[place];
+    return (c & column_mask()) << code.key_bits | c >> code.column_bits;
+  };
+  if (!PlaceByBucket<kListItems>(s.fine, taken, column_code_of_place, shift, limit, false,
+                                 kMaxBucket, s.placed_by_column))
+    return false;
+#pragma unroll
+  for (int j = 0; j < kListItems; ++j) {
+    const uint32_t place = j * kThreads + threadIdx.x;
+    if (place >= limit) continue;
+    const uint64_t c = s.placed_by_column[place];
+    const uint32_t first = s.fine.Start(bucket_of(c));
+    const uint32_t rank =
+        RankInBucket(s.placed_by_column, place, c, first, s.fine.End(bucket_of(c), taken));
+    row_out_indices[rank] = static_cast<int32_t>(code.column_min + (c >> code.key_bits));
+    row_out_values[rank] = Values::FromKey(code.key_max - static_cast<uint32_t>(c & key_mask()));
+  }
+  fill_empty();
+  __syncthreads();  // every rank read s.fine
+  s.fine.Zero();
+  return true;
+}
+
 // Step 0 (every thread calls it with block-uniform arguments): the sampled path of one row
 // held in keys / columns. Returns false, before it writes anything, when the row must take
 // steps 1-2 (s.hist zero again, the registers untouched).
@@ -426,8 +545,8 @@ template <typename Values>
 __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[kItems],
                                               const int32_t (&columns)[kItems],
                                               uint32_t sample_rank, int32_t k, bool sorted,
-                                              typename Values::Bits* row_out_values,
-                                              int32_t* row_out_indices) {
+                                              bool fine, typename Values::Bits* row_out_values,
+                                              int32_t* row_out_indices, int probe_stop) {
   // The sample: items lane and lane + 16 of each thread, so every chunk (list) is sampled.
   const int lane = static_cast<int>(threadIdx.x % 32);
   uint32_t sample[kSamples] = {0, 0};
@@ -444,6 +563,7 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
   SelectDigit<kSamples>(s, key_of_sample, cut, Values::kKeyBits);
   if (!cut.exact) SelectDigit<kSamples>(s, key_of_sample, cut, Values::kKeyBits - kDigitBits);
   const uint32_t cutoff = cut.prefix;  // 0 when the sample holds <= sample_rank keys: all pass
+  if (kProbe && probe_stop == 2) return true;
 
   // The filter: candidates and kept ones counted in one scan (each total <= 16384 < 2^16).
   uint32_t kept_mask = 0, my_candidates = 0;
@@ -459,13 +579,13 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
   if (kept < taken || kept > kListCapacity) return false;  // block-uniform
   ListMarked(s, keys, columns, kept_mask, at, s.kept);
   __syncthreads();
+  if (kProbe && probe_stop == 3) return true;
+  if (fine)
+    return RankByFineBuckets<Values>(s, kept, taken, k, sorted, row_out_values, row_out_indices,
+                                     probe_stop);
 
   // The kept candidates' order code (key descending, column ascending) and its buckets.
-  OrderCode code{true, 0, 0, s.kept.key_max, s.kept.column_min};
-  if (kept > 0) {
-    code.key_bits = BitsOf(s.kept.key_max - s.kept.key_min);
-    code.column_bits = BitsOf(s.kept.column_max - s.kept.column_min);
-  }
+  const OrderCode code = CodeOver(s.kept, true, kept > 0);
   const int code_bits = code.key_bits + code.column_bits;
   const int bucket_shift = code_bits > kDigitBits ? code_bits - kDigitBits : 0;
   const auto bucket_of = [&](int slot) {
@@ -581,8 +701,8 @@ template <typename Values>
 __global__ void __launch_bounds__(kThreads, 1)
     MergeInRegistersKernel(const typename Values::Bits* values, const int32_t* indices,
                            int64_t rows, int64_t width, int32_t k, bool sorted, bool vector_loads,
-                           bool sampled, bool staged, typename Values::Bits* out_values,
-                           int32_t* out_indices) {
+                           bool sampled, bool fine, bool staged, int probe_stop,
+                           typename Values::Bits* out_values, int32_t* out_indices) {
   using Bits = typename Values::Bits;
   extern __shared__ __align__(16) unsigned char shared_bytes[];  // sizeof(Shared)
   Shared& s = *reinterpret_cast<Shared*>(shared_bytes);
@@ -590,7 +710,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Bits* staged_values = reinterpret_cast<Bits*>(shared_bytes + StagedOffset());
   const int32_t* staged_indices = reinterpret_cast<const int32_t*>(staged_values + width);
   const uint32_t sample_rank = SampleRank(width, k);
-  for (int j = threadIdx.x; j < kBins; j += kThreads) s.hist[j] = 0;
+  s.fine.Zero();  // s.hist with it
   const int64_t grid = gridDim.x;
   if (staged && threadIdx.x == 0) {
     InitBarrier(s.row_landed);
@@ -617,38 +737,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t* row_indices = indices + row * width;
     uint32_t keys[kItems];
     int32_t columns[kItems];
+    const auto load_row = [&](bool from_staged) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int64_t first = (int64_t{c} * kThreads + threadIdx.x) * kChunk;
-      Bits bits[kChunk];
-      int32_t cols[kChunk];
-      if (staged && first < width) {  // the row in shared memory, landed by the copy engine
-        LoadChunk<false>(staged_values + first, staged_indices + first, bits, cols);
-      } else if (vector_loads && first < width) {
-        LoadChunk<true>(row_values + first, row_indices + first, bits, cols);
-      } else {
+      for (int c = 0; c < kChunks; ++c) {
+        const int64_t first = (int64_t{c} * kThreads + threadIdx.x) * kChunk;
+        Bits bits[kChunk];
+        int32_t cols[kChunk];
+        if (from_staged && first < width) {  // the row in shared memory, landed by the copy engine
+          LoadChunk<false>(staged_values + first, staged_indices + first, bits, cols);
+        } else if (vector_loads && first < width) {
+          LoadChunk<true>(row_values + first, row_indices + first, bits, cols);
+        } else {
+#pragma unroll
+          for (int q = 0; q < kChunk; ++q) {
+            const bool inside = first + q < width;
+            cols[q] = inside ? row_indices[first + q] : -1;
+            bits[q] = inside ? row_values[first + q] : Bits{0};
+          }
+        }
 #pragma unroll
         for (int q = 0; q < kChunk; ++q) {
-          const bool inside = first + q < width;
-          cols[q] = inside ? row_indices[first + q] : -1;
-          bits[q] = inside ? row_values[first + q] : Bits{0};
+          const bool candidate = first + q < width && cols[q] >= 0 && !Values::IsNan(bits[q]);
+          keys[c * kChunk + q] = candidate ? Values::Key(bits[q]) : 0u;
+          columns[c * kChunk + q] = cols[q];
         }
       }
-#pragma unroll
-      for (int q = 0; q < kChunk; ++q) {
-        const bool candidate = first + q < width && cols[q] >= 0 && !Values::IsNan(bits[q]);
-        keys[c * kChunk + q] = candidate ? Values::Key(bits[q]) : 0u;
-        columns[c * kChunk + q] = cols[q];
-      }
-    }
+    };
+    load_row(staged);
     if (staged) {
       __syncthreads();  // every thread holds its items: the buffer takes the next row
       if (threadIdx.x == 0 && row + grid < rows)
         StageRow(s.row_landed, staged_values, values, indices, row + grid, width);
     }
+    if (kProbe && probe_stop == 1) continue;
 
-    if (sampled && MergeBySample<Values>(s, keys, columns, sample_rank, k, sorted,
-                                         out_values + row * k, out_indices + row * k)) {
+    if (sampled && MergeBySample<Values>(s, keys, columns, sample_rank, k, sorted, fine,
+                                         out_values + row * k, out_indices + row * k, probe_stop)) {
       __syncthreads();  // the list's storage is the next row's
       continue;
     }

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cub/block/block_radix_sort.cuh>
@@ -207,34 +208,54 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// Which of the register kernel's steps run. By default the sampled path and the staged row
-// for sorted output only: measured on the H200 (benches/NOTES.md, helper merge-speed), they
-// make sorted rows 19 % (float32) / 14 % (bfloat16) faster but unsorted ones 7 % / 27 %
-// slower (the sampled path ranks ~2800 candidates by the sorted code, then the winners again
-// by column). Timing switch, read at each launch (a fresh jit each, so one process times them
-// all): JAX_TOPK_MERGE_VARIANT=old (neither), sampled (that path alone), staged (both), for
-// either order.
+// Which of the register kernel's steps run. By default all three: the sampled cutoff, the
+// fine-bucket rank (benches/NOTES.md, helper merge-rank) and the staged row. Timing switch,
+// read at each launch (a fresh jit each, so one process times them all):
+// JAX_TOPK_MERGE_VARIANT=old (none), sampled (the cutoff, ranked by 11-bit buckets), staged
+// (that and the staged row: the sorted default before the fine rank), fine-unstaged (the
+// cutoff and the fine rank), for either order.
 struct RegisterVariant {
-  bool sampled, staged;
+  bool sampled, fine, staged;
 };
-RegisterVariant ChosenVariant(bool sorted) {
+RegisterVariant ChosenVariant() {
   const char* name = std::getenv("JAX_TOPK_MERGE_VARIANT");
   const std::string_view chosen = name == nullptr ? "" : name;
-  if (chosen == "old") return {false, false};
-  if (chosen == "sampled") return {true, false};
-  if (chosen == "staged") return {true, true};
-  return {sorted, sorted};
+  if (chosen == "old") return {false, false, false};
+  if (chosen == "sampled") return {true, false, false};
+  if (chosen == "staged") return {true, false, true};
+  if (chosen == "fine-unstaged") return {true, true, false};
+  return {true, true, true};
 }
 
-// Rows of m <= merge_registers::kMaxWidth: a persistent grid of one block an SM (the kernel's
+// Allows `kernel` the most dynamic shared memory any of its launches asks for, once per
+// device (`allowed`: a bit a device; devices past 63 ask every launch).
+template <typename Kernel>
+cudaError_t AllowSharedOnce(Kernel kernel, size_t bytes, std::atomic<uint64_t>& allowed) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (allowed.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(bytes));
+  if (status == cudaSuccess) allowed.fetch_or(bit, std::memory_order_release);
+  return status;
+}
+
+// Rows of m <= merge_registers::kMaxWidth: a persistent grid of one block per SM (the kernel's
 // registers allow no second), each pulling a row ahead into L2 and, where the row's two parts
 // are 16-byte multiples at 16-byte addresses, the next row into shared memory by bulk copies
 // while it works on this one.
 template <typename Values>
 cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   using Bits = typename Values::Bits;
+  const auto kernel = merge_registers::MergeInRegistersKernel<Values>;
+  static std::atomic<uint64_t> allowed{0};
+  cudaError_t status = AllowSharedOnce(
+      kernel, merge_registers::SharedBytes<Bits>(true, merge_registers::kMaxWidth), allowed);
+  if (status != cudaSuccess) return status;
   int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
+  status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
   int sms = 0;
   status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -243,18 +264,20 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   const bool vector_loads = p.width % merge_registers::kChunk == 0 &&
                             reinterpret_cast<uintptr_t>(p.values) % (4 * sizeof(Bits)) == 0 &&
                             reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  const RegisterVariant variant = ChosenVariant(p.sorted);
+  const RegisterVariant variant = ChosenVariant();
   const bool staged = variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.values) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  const auto kernel = merge_registers::MergeInRegistersKernel<Values>;
   const size_t shared_bytes = merge_registers::SharedBytes<Bits>(staged, p.width);
-  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(shared_bytes));
-  if (status != cudaSuccess) return status;
+  int probe_stop = 0;  // the probe build's phase timing (merge_in_registers.cuh)
+  if (merge_registers::kProbe) {
+    const char* stop = std::getenv("JAX_TOPK_MERGE_PROBE_STOP");
+    probe_stop = stop == nullptr ? 0 : std::atoi(stop);
+  }
   kernel<<<static_cast<unsigned>(grid), merge_registers::kThreads, shared_bytes, stream>>>(
       static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted, vector_loads,
-      variant.sampled, staged, static_cast<Bits*>(p.out_values), p.out_indices);
+      variant.sampled, variant.fine, staged, probe_stop, static_cast<Bits*>(p.out_values),
+      p.out_indices);
   return cudaGetLastError();
 }
 
@@ -263,8 +286,8 @@ cudaError_t Launch(const MergeProblem& p, cudaStream_t stream) {
   if (p.width <= merge_registers::kMaxWidth) return LaunchInRegisters<Values>(p, stream);
   const size_t staged_bytes = p.width <= kMaxStagedWidth ? p.width * sizeof(uint64_t) : 0;
   const auto kernel = MergeTopkKernel<Values>;
-  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kMaxStagedWidth * sizeof(uint64_t)));
+  static std::atomic<uint64_t> allowed{0};
+  cudaError_t status = AllowSharedOnce(kernel, kMaxStagedWidth * sizeof(uint64_t), allowed);
   if (status != cudaSuccess) return status;
   kernel<<<static_cast<unsigned>(p.rows), kThreadsPerBlock, staged_bytes, stream>>>(
       static_cast<const typename Values::Bits*>(p.values), p.indices, p.width, p.k, p.sorted,

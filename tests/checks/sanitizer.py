@@ -43,8 +43,11 @@ def _periodic_rows(rng, rows, n):
 
 def _merge_cases(gpu, cpu, rng):
     """merge_topk: the row-in-registers kernel (8 lists of 2048; a width not a multiple of 4;
-    tied rows) and the one past 16384 candidates, with -1 entries and NaN."""
-    cases = [(32, 16384, 2048), (16, 5997, 1500), (4, 40000, 2048)]
+    tied rows; the fine-bucket rank's row kinds) and the one past 16384 candidates, with -1
+    entries and NaN."""
+    from tests.test_merge_topk import fine_bucket_rows
+
+    cases = [(32, 16384, 2048), (16, 5997, 1500), (4, 40000, 2048), (12, 16384, 2048)]
     for rows, m, k in cases:
         values = rng.standard_normal((rows, m), np.float32)
         values[::3] = np.round(values[::3])
@@ -52,6 +55,8 @@ def _merge_cases(gpu, cpu, rng):
         indices = rng.permutation(rows * m).reshape(rows, m).astype(np.int32)
         indices[:, ::7] = -1
         for dtype in (np.float32, jax.numpy.bfloat16):
+            if rows == 12:
+                values, indices = fine_bucket_rows(rng, rows, dtype, k)
             for sorted_ in (True, False):
                 call = jax.jit(lambda v, i, k=k, o=sorted_: jax_topk.merge_topk(v, i, k, sorted=o))
                 inputs = (values.astype(dtype), indices)
