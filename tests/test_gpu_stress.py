@@ -308,3 +308,43 @@ def test_filtered_16bit_rank_order_at_the_composite_key_limit(dtype):
     cpu = top_k_on("cpu", scores, k, lengths, True)
     np.testing.assert_array_equal(gpu[1], cpu[1])
     np.testing.assert_array_equal(gpu[0].view(np.uint16), cpu[0].view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
+@pytest.mark.parametrize("rows", [4, 300])  # split rows (merged into the first block), a queue
+def test_filtered_kth_key_at_the_cutoff(dtype, rows):
+    """The k-th key is the sample cutoff's own (the lowest relative bin): a crowded group of one
+    key (read off the bin, then the tie quota), or of +0.0 and -0.0 (two keys: the digits), at
+    several quotas; indices and values, both orders."""
+    rng = np.random.default_rng(rows + len(dtype) + 70)
+    n, k = 65536, 2048
+    scores = families.kth_key_at_the_cutoff(rng, 24 if rows == 300 else rows, n, k, dtype)
+    if rows == 300:
+        scores = scores[rng.integers(0, len(scores), size=rows)]
+    lengths = np.full(rows, n, np.int32)
+    lengths[1::5] = n - 3
+    width = np.dtype(dtype).itemsize * 8
+    for sorted_ in (False, True):
+        assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+        gpu = top_k_on("gpu", scores, k, lengths, sorted_)
+        cpu = top_k_on("cpu", scores, k, lengths, sorted_)
+        np.testing.assert_array_equal(gpu[1], cpu[1])
+        np.testing.assert_array_equal(gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"))
+
+
+@pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
+@pytest.mark.parametrize("rows", [6, 300])  # split rows (merged into the first block), a queue
+def test_filtered_rank_order_of_few_keys_over_a_span(dtype, rows):
+    """Sorted results whose winners hold few distinct keys over a span of up to 2049 keys:
+    the rank-order buckets by key - lowest key and by dense key ranks, and crowded buckets
+    (a key's winners in adjacent columns) that fall back to the radix sort."""
+    rng = np.random.default_rng(rows + len(dtype) + 80)
+    n, k = 131072, 2048
+    scores = families.few_keys_over_a_span(rng, rows, n, k, dtype)
+    lengths = np.full(len(scores), n, np.int32)
+    width = np.dtype(dtype).itemsize * 8
+    assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=True)
+    gpu = top_k_on("gpu", scores, k, lengths, True)
+    cpu = top_k_on("cpu", scores, k, lengths, True)
+    np.testing.assert_array_equal(gpu[1], cpu[1])
+    np.testing.assert_array_equal(gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"))

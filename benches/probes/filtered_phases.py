@@ -1,10 +1,13 @@
 """Old against new in one probe build of the filtered kernel (CMake option JAX_TOPK_FILTERED_PROBE,
 kernels/filtered/probe.cuh): device time of topk_filtered (unsorted, sorted) and top_k under each
 set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the previous 16-bit
-filtering tile, 4: the previous radix-only selection of crowded bins and tie groups), and, with
---stamps, the per-phase times of one call of each (2: the kernel's last block prints them).
+filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the
+relative bins' first and last never settling the k-th key, 16: rank-order buckets without dense
+key ranks; 24 = 8 + 16 is the kernel of benches/NOTES.md "bf16-pass"), with --stamps the
+per-phase times of one call of each (2: the kernel's last block prints them), and with --routes
+the route counts of the test families built for those paths (tests/support/families.py).
 Command buffers are off so that every call's launch reads the switches. Run on the GPU from the
-repo root of a probe build: python -m benches.probes.filtered_phases [--stamps]"""
+repo root of a probe build: python -m benches.probes.filtered_phases [--stamps] [--routes]"""
 
 import ctypes
 import os
@@ -20,10 +23,15 @@ import jax_topk  # noqa: E402
 from benches.bench import copy_bandwidth_tbps, device_time_us  # noqa: E402
 from benches.probes.filtered_variants import floor_us  # noqa: E402
 
-VARIANTS = {"new": 0, "old selection": 4, "old 16-bit loop": 1, "old loop + old selection": 5}
+VARIANTS = {
+    "new": 0,
+    "old bin edges": 8,
+    "old buckets": 16,
+    "bf16-pass": 24,
+}
 LIBC = ctypes.CDLL(None)
-STAMPED = ("new", "old selection")
-TIMED = ("new", "old selection", "old loop + old selection")
+STAMPED = ("new", "bf16-pass")
+TIMED = ("new", "old bin edges", "old buckets", "bf16-pass")
 
 
 def set_variant(flags: int):
@@ -48,7 +56,7 @@ def indexer_case(rows, n, causal, dtype):
 def stamps(dtype):
     sets, calls, _ = indexer_case(5536, 131072, True, dtype)
     for variant, flags in VARIANTS.items():
-        if variant not in STAMPED or (variant != "new" and dtype == jnp.float32):
+        if variant not in STAMPED:
             continue
         for name, fn in calls.items():
             set_variant(0)
@@ -57,6 +65,32 @@ def stamps(dtype):
             print(f"stamps {jnp.dtype(dtype).name} 5536x131072 {name} [{variant}]:", flush=True)
             jax.block_until_ready(fn(*sets[1]))
             LIBC.fflush(None)
+    set_variant(0)
+
+
+def routes():
+    """Route counts (the probe's stamps line) of the families built for the new paths, queue
+    rows (300) and split rows (4 or 6), so that a test's reach is seen, not assumed."""
+    from tests.support import families
+
+    rng = np.random.default_rng(7)
+    for dtype in ("float32", "bfloat16", "float16"):
+        for make, n, sorted_ in (
+            (families.kth_key_at_the_cutoff, 65536, False),
+            (families.few_keys_over_a_span, 131072, True),
+        ):
+            for rows in (300, 6):
+                scores = jnp.asarray(make(rng, rows, n, 2048, dtype))
+                lengths = jnp.full((rows,), n, jnp.int32)
+                fn = jax.jit(
+                    lambda s, lens, o=sorted_: jax_topk.topk_filtered(s, lens, k=2048, sorted=o)
+                )
+                set_variant(0)
+                jax.block_until_ready(fn(scores, lengths))
+                set_variant(2)
+                print(f"routes {make.__name__} {dtype} {rows}x{n} sorted={sorted_}:", flush=True)
+                jax.block_until_ready(fn(scores, lengths))
+                LIBC.fflush(None)
     set_variant(0)
 
 
@@ -76,6 +110,8 @@ def timed(label, dtype, sets, calls, floor, variants):
 def main():
     tbps = copy_bandwidth_tbps()
     print(f"copy bandwidth {tbps:.2f} TB/s (read + write)")
+    if "--routes" in sys.argv:
+        routes()
     if "--stamps" in sys.argv:
         for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
             stamps(dtype)
@@ -84,17 +120,22 @@ def main():
         " | floor | top_k / floor |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    every, baseline = list(TIMED), ["new", "old loop + old selection"]
+    every, baseline = list(TIMED), ["new", "bf16-pass"]
     indexer = [  # the most wanted rows first: a time limit cuts the tail
         ("5536x131072 causal", 5536, 131072, True, jnp.bfloat16, every),
-        ("32x131072", 32, 131072, False, jnp.bfloat16, every),
+        (
+            "5536x131072 causal",
+            5536,
+            131072,
+            True,
+            jnp.float16,
+            ["new", "old buckets", "bf16-pass"],
+        ),
         ("5536x131072 causal", 5536, 131072, True, jnp.float32, baseline),
+        ("32x131072", 32, 131072, False, jnp.bfloat16, baseline),
     ]
-    vocab = [(256, 152064, 50, jnp.bfloat16, every), (256, 152064, 50, jnp.float32, baseline)]
-    later = [
-        ("5536x131072 causal", 5536, 131072, True, jnp.float16, every),
-        ("32x131072", 32, 131072, False, jnp.float32, ["new"]),
-    ]
+    vocab = [(256, 152064, 50, jnp.bfloat16, baseline), (256, 152064, 50, jnp.float32, baseline)]
+    later = [("32x131072", 32, 131072, False, jnp.float32, ["new"])]
     for label, rows, n, causal, dtype, variants in indexer:
         sets, calls, lengths = indexer_case(rows, n, causal, dtype)
         timed(label, dtype, sets, calls, floor_us(lengths, dtype, tbps), variants)

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 import jax_topk
+from tests.support import families
 from tests.support.indexer import (
     BF16,
     FP8,
@@ -71,7 +72,8 @@ def _merge_cases(gpu, cpu, rng):
 
 def _filtered_16bit_cases(gpu, cpu, rng):
     """topk_filtered and top_k on 16-bit rows alone (the packed filtering tile, crowded k-th
-    bins and tie groups ranked by the block): queue rows, split rows, ties, specials."""
+    bins and tie groups ranked by the block, the k-th key in the lowest relative bin, dense key
+    ranks in rank order): queue rows, split rows, ties, specials."""
     bf16, f16 = jax.numpy.bfloat16, np.float16
     cases = [
         (rng.standard_normal((300, 20_000), np.float32).astype(bf16), 2048),
@@ -83,6 +85,12 @@ def _filtered_16bit_cases(gpu, cpu, rng):
         (_nan_and_zero_rows(rng, 12, 40_001), 2048),
         (_nan_and_zero_rows(rng, 12, 40_001).astype(f16), 64),
         (_periodic_rows(rng, 40, 40_003).astype(bf16), 2048),
+        # The k-th key in the lowest relative bin (one key, or +-0), and few keys over a span
+        # (rank-order buckets by dense key ranks, crowded ones to the radix sort).
+        (families.kth_key_at_the_cutoff(rng, 24, 20_000, 2048, bf16), 2048),
+        (families.kth_key_at_the_cutoff(rng, 300, 20_000, 2048, f16), 2048),
+        (families.few_keys_over_a_span(rng, 12, 20_000, 2048, f16), 2048),
+        (families.few_keys_over_a_span(rng, 300, 20_000, 2048, bf16), 2048),
     ]
     for scores, k in cases:
         rows, n = scores.shape

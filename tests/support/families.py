@@ -114,3 +114,58 @@ def edge_lengths(k, n, rows, rng):
     lengths = rng.integers(0, n + 1, size=rows)
     lengths[: len(special)] = special[:rows]
     return lengths.astype(np.int32)
+
+
+def kth_key_at_the_cutoff(rng, rows, n, k, dtype):
+    """Rows whose k-th key is the sample cutoff's own key, so that it sits in the lowest of the
+    filtered kernel's relative bins: k - quota values above (in [8, 9)), a tie group of the k-th
+    key (1.0; or +0.0 and -0.0 together, a group of two keys the threshold keeps alike) wide
+    enough that the sample's cutoff falls inside it, and the rest far below (-1 - |normal|). Row r
+    cycles through group sizes (300 to 6000, past the 256 a block ranks member by member; 6000
+    with the values above it goes past the 8192 candidates of shared memory) and quotas (1, the
+    middle, the whole group or all k), with and without the signed-zero pair."""
+    dtype = np.dtype(dtype)
+    out = np.empty((rows, n), np.float32)
+    for r in range(rows):
+        group = (300, 1000, 3000, 6000)[r % 4]
+        most = min(group, k)
+        quota = (1, most // 2, most)[(r // 4) % 3]
+        zeros = (r // 12) % 2 == 1
+        row = -1.0 - np.abs(rng.standard_normal(n, dtype=np.float32))
+        columns = rng.permutation(n)[: k - quota + group]
+        row[columns[: k - quota]] = rng.uniform(8.0, 9.0, size=k - quota)
+        tied = columns[k - quota :]
+        row[tied] = 1.0
+        if zeros:
+            row[tied] = np.where(rng.random(group) < 0.5, 0.0, -0.0)
+        out[r] = row
+    return out.astype(dtype)
+
+
+def few_keys_over_a_span(rng, rows, n, k, dtype):
+    """Rows whose k winners hold few distinct keys spread over a span of keys (counted in the
+    row type's own bit patterns, from 1.0 up): the rank-order buckets of sorted results, by key
+    - lowest key and by dense key ranks. Row r cycles through (distinct keys, span) pairs,
+    both ends of the span always held, and through column layouts: random columns, or the
+    winners of one key in adjacent columns (a crowded bucket: the radix sort takes over); the
+    rest of the row is below every winner (-1 - |normal|, so that the sample's cutoff keeps a
+    band of them and the row takes the usual route)."""
+    dtype = np.dtype(dtype)
+    width = _bit_width(dtype)
+    base = int(np.array(1.0, dtype).view(f"uint{width}"))
+    cases = [(2, 3), (2, 2047), (40, 1500), (2048, 2047), (300, 2048), (5, 2049)]
+    below = -1.0 - np.abs(rng.standard_normal((rows, n), dtype=np.float32))
+    out = np.ascontiguousarray(below.astype(dtype)).view(f"uint{width}")
+    for r in range(rows):
+        distinct, span = cases[r % len(cases)]
+        adjacent = (r // len(cases)) % 2 == 1
+        keys = np.concatenate([[0, span], rng.choice(np.arange(1, span), distinct - 2, False)])
+        offsets = keys[rng.integers(0, distinct, size=k)]
+        offsets[:distinct] = keys  # every key held
+        if adjacent:
+            offsets = np.sort(offsets)  # each key's winners in a run of columns
+            start = int(rng.integers(0, n - k + 1))
+            out[r, start : start + k] = base + offsets
+        else:
+            out[r, rng.choice(n, size=k, replace=False)] = base + offsets
+    return from_bits(out, dtype)

@@ -324,7 +324,8 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
                  !KeepsAll(cutoff);
     if (relative && !s.cluster.overflow && s.cluster.total >= static_cast<uint32_t>(problem.k)) {
       FindClusterRank(s, cluster, parts, part, static_cast<uint32_t>(problem.k));
-      if (RelativeBins::Settles(s.cluster.kth_bin)) {
+      // Not the edge bins here: a crowded edge bin (the one that matters) is never a warp's.
+      if (RelativeBins::Settles(s.cluster.kth_bin, /*edges=*/false)) {
         FinishSettledRow(s, launch, cluster, parts, part, begin, end, mine, bins);
         return;
       }

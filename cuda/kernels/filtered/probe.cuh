@@ -21,6 +21,8 @@ enum ProbeFlag : int {
   kProbeOld16BitLoop = 1,  // the 16-bit filtering tile widened a value at a time
   kProbeStamps = 2,        // phase stamps and route counts, printed by the launch's last block
   kProbeOldSelection = 4,  // crowded bins and tie groups of 33+ by radix digits only
+  kProbeOldBinEdges = 8,   // the first and last relative bins never settle the k-th key
+  kProbeOldBuckets = 16,   // rank-order buckets by key - lowest key, never by dense key ranks
 };
 
 enum ProbePhase : int {
@@ -47,6 +49,7 @@ enum ProbeCounter : int {
   kCountTieBitmap,    // tie quota by a bitmap of the tie group's columns
   kCountTieDigits,    // tie quota by three radix digits
   kCountBucketSpill,  // sorted rows whose rank-order buckets overflowed to the radix sort
+  kCountDenseRanks,   // sorted rows whose buckets took dense key ranks
   kCountKept,         // candidates of the band taken, summed over rows
   kProbeCounters
 };
@@ -130,14 +133,14 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
       "probe grid=%u rows=%llu us/row/block: queue %.2f sample %.2f pass %.2f select %.2f "
       "put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu exact %llu; rank "
       "warp %llu block %llu one-key bin %llu digits %llu; ties block %llu bitmap %llu digits "
-      "%llu; bucket spills %llu; kept/row %.0f\n",
+      "%llu; dense-rank buckets %llu, spills %llu; kept/row %.0f\n",
       gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3, ns[kPhaseSample] / rows / 1e3,
       ns[kPhasePass] / rows / 1e3, ns[kPhaseSelect] / rows / 1e3, ns[kPhasePut] / rows / 1e3,
       ns[kPhaseExact] / rows / 1e3, ns[kPhaseWrite] / rows / 1e3, ns[kPhaseTail] / 1e3,
       counts[kCountSecondary], counts[kCountExact], counts[kCountWarpRank], counts[kCountBlockRank],
       counts[kCountOneKeyBin], counts[kCountDigitRank], counts[kCountTieBlock],
-      counts[kCountTieBitmap], counts[kCountTieDigits], counts[kCountBucketSpill],
-      counts[kCountKept] / rows);
+      counts[kCountTieBitmap], counts[kCountTieDigits], counts[kCountDenseRanks],
+      counts[kCountBucketSpill], counts[kCountKept] / rows);
 #else
   (void)s;
 #endif

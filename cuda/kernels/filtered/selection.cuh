@@ -260,7 +260,10 @@ static_assert(kBlockRankMembers <= kThreadsPerBlock, "a thread a member");
 
 // 2048 bins relative to a cutoff (> 0), spanning [cutoff, largest]: keys past largest fall in the
 // last bin, keys below the cutoff (kept under a +-0 threshold) in the first. A rank in a bin of
-// a few candidates is then ranked directly; the first and last bins never settle one.
+// a few candidates (or of one key) is then ranked directly. Every route ranks the members of the
+// bin by their own keys, so the first and last bins, wider than the others, settle one as well
+// (`edges`; the probe's kProbeOldBinEdges keeps them out, as before): a 16-bit row's k-th key is
+// often the cutoff's own, in bin 0 (benches/NOTES.md "bf16-bin0").
 struct RelativeBins {
   uint32_t cutoff;
   int shift;
@@ -278,14 +281,17 @@ struct RelativeBins {
     const uint32_t bin = (key - cutoff) >> shift;
     return bin < kLastBin ? bin : kLastBin;
   }
+  // Whether a bin may settle a rank: any bin with edges, else not the first or last.
+  __device__ __forceinline__ static bool MaySettle(const BinFound& found, bool edges) {
+    return edges || (found.bin != 0 && found.bin != kLastBin);
+  }
   // Whether the rank's bin, of `count` candidates, is one a warp ranks.
-  __device__ __forceinline__ static bool Settles(const BinFound& found) {
-    return found.bin != 0 && found.bin != kLastBin && found.count <= kWarpSize;
+  __device__ __forceinline__ static bool Settles(const BinFound& found, bool edges) {
+    return MaySettle(found, edges) && found.count <= kWarpSize;
   }
   // Whether it is one the block ranks (a 16-bit row's k-th key alone often has 33-200 ties).
-  __device__ __forceinline__ static bool SettlesInBlock(const BinFound& found) {
-    return found.bin != 0 && found.bin != kLastBin && found.count > kWarpSize &&
-           found.count <= kBlockRankMembers;
+  __device__ __forceinline__ static bool SettlesInBlock(const BinFound& found, bool edges) {
+    return MaySettle(found, edges) && found.count > kWarpSize && found.count <= kBlockRankMembers;
   }
   static constexpr uint32_t kLastBin = kDigitBins - 1;
 };
@@ -413,7 +419,9 @@ __device__ __forceinline__ uint32_t NthColumnOfKey(SharedStorage& s, const Candi
   return s.found[0].bin;
 }
 
-// Adds this block's candidates to s.hist in relative bins; a barrier follows.
+// Adds this block's candidates to s.hist in relative bins; a barrier follows. (A warp's lanes of
+// one bin matched and added once, `__match_any_sync`, measured slower: benches/NOTES.md
+// "bf16-bin0".)
 __device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const CandidateSource& source,
                                                   const RelativeBins& bins) {
   source.ForEach([&](uint32_t bits, int32_t, bool valid) {
@@ -437,11 +445,13 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
     return {0, 0, 0, true, static_cast<int>(first.total)};
   const uint32_t group_bin = first.a.bin;
   const int group = static_cast<int>(first.a.count);
-  const bool by_block = RelativeBins::SettlesInBlock(first.a) && !ProbeOn(s, kProbeOldSelection);
-  if (!RelativeBins::Settles(first.a) && !by_block) {
+  const bool crowded = !ProbeOn(s, kProbeOldSelection);  // bins of 33+ without radix digits
+  const bool edges = crowded && !ProbeOn(s, kProbeOldBinEdges);
+  const bool by_block = crowded && RelativeBins::SettlesInBlock(first.a, edges);
+  if (!RelativeBins::Settles(first.a, edges) && !by_block) {
     uint32_t key = 0;
-    if (first.a.bin != 0 && first.a.bin != RelativeBins::kLastBin &&
-        !ProbeOn(s, kProbeOldSelection) && OneKeyInBin(s, source, relative_bin, group_bin, key)) {
+    if (crowded && RelativeBins::MaySettle(first.a, edges) &&
+        OneKeyInBin(s, source, relative_bin, group_bin, key)) {
       ProbeCount(s, kCountOneKeyBin);
       return {key, rank - static_cast<int>(first.a.above), group, false,
               static_cast<int>(first.total)};

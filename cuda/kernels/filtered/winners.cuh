@@ -222,34 +222,93 @@ __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
   }
 }
 
-// Rank order by buckets: the composite c = (key - low, reversed column) (see KeyRange; up to 63
-// bits) is a total order whose descending order is rank order. Its top kBucketBits bits pick one
-// of kDigitBins buckets (s.hist counts them, one block scan places them: bucket b's winners go
-// before bucket b+1's, the largest first); each winner is put at a free place of its bucket, and
-// its rank is its bucket's start plus the members of its bucket with a larger c. Six barriers,
-// where a radix sort takes about four a pass (seven passes of a bfloat16 row's 26-bit composite).
-// Buckets hold ~5-15 winners on normal rows (a bfloat16 key's ties split by their columns' high
-// bits); when one holds more than kBucketLimit (rows of few distinct keys), returns false having
-// changed nothing but s.work (dead: the winners are in registers) and the radix sort does it.
+// Rank order by buckets: the composite c = (key part, reversed column) (the key part: key - low,
+// see KeyRange, or the key's dense rank among the winners' keys, see DenseKeyRanks; up to 63 bits)
+// is a total order whose descending order is rank order. Its top kBucketBits bits pick one of
+// kDigitBins buckets (s.hist counts them, one block scan places them: bucket b's winners go before
+// bucket b+1's, the largest first); each winner is put at a free place of its bucket, and its rank
+// is its bucket's start plus the members of its bucket with a larger c. Six barriers (eight with
+// dense ranks), where a radix sort takes about four a pass (seven passes of a bfloat16 row's 26-bit
+// composite). When a bucket holds more than kBucketLimit (rows of few distinct keys and crowded
+// columns), returns false having changed nothing but s.work (dead: the winners are in registers)
+// and the radix sort does it.
 constexpr int kBucketBits = 11;  // kDigitBins buckets
 constexpr int kBucketLimit = 64;
 static_assert(1 << kBucketBits == kDigitBins, "one bucket per s.hist bin");
 static_assert(2 * kDigitBins + 1 <= kFrontierCapacity, "bucket starts and cursors in s.work");
 
+// Dense key ranks for the buckets: a 16-bit row's winners hold few distinct keys (JAX's normal
+// rows of 131072: bfloat16 2-3 over a span of ~20-30 keys, float16 ~17 over ~540), so key - low
+// takes most of a bucket's 11 bits and each key's winners crowd a few buckets: counted on the
+// host, a winner's bucket holds 17-33 on average for bfloat16 (each scanned member by member),
+// 64-123 for float16 (over kBucketLimit: the radix sort). The key's rank among the distinct keys
+// present takes only the bits of their count, the columns get the rest of the bucket index, and
+// the buckets hold 2-5 on average. Used where the span has kDenseMinSpanBits bits or more and
+// fits the s.hist bins.
+constexpr int kDenseMinSpanBits = 2;
+constexpr int kDenseRanksAt = 2 * kDigitBins + 1;  // in s.work.frontier, after the buckets' words
+static_assert(kDenseRanksAt + kDigitBins <= kFrontierCapacity, "dense ranks in s.work");
+
+// Replaces each valid winner's key_part (key - low, < kDigitBins) by the number of distinct
+// winners' keys below its key, and returns the bits those ranks take. The keys present are
+// marked in s.hist (plain stores of 1), counted by one block scan of each thread's bins, and
+// their ranks put in s.work.frontier at kDenseRanksAt. s.hist is zero on entry and on return.
+// Three barriers, the last before the ranks are read: the caller's next barrier must come before
+// anything writes s.work.frontier at kDenseRanksAt or s.warp_sums again (the buckets' scan does).
+__device__ __forceinline__ int DenseKeyRanks(SharedStorage& s,
+                                             uint32_t (&key_part)[kSortItemsPerThread], int m) {
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) s.hist[key_part[j]] = 1u;
+  }
+  __syncthreads();
+  const int first_bin = static_cast<int>(threadIdx.x) * kBinsPerThread;
+  uint32_t present[kBinsPerThread];
+  uint32_t mine = 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    present[b] = s.hist[first_bin + b];
+    s.hist[first_bin + b] = 0;  // this thread's bins: no other thread reads them now
+    mine += present[b];
+  }
+  uint32_t distinct;
+  uint32_t below = BlockExclusiveSum(s.warp_sums, mine, distinct);
+  uint32_t* const dense_rank = s.work.frontier + kDenseRanksAt;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    dense_rank[first_bin + b] = below;
+    below += present[b];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) {
+    if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m)
+      key_part[j] = dense_rank[key_part[j]];
+  }
+  return distinct > 1 ? 32 - __clz(distinct - 1) : 0;
+}
+
 __device__ __forceinline__ bool WriteRankOrderByBuckets(
     SharedStorage& s, const TopkProblem& problem, const KeyRange& range, int column_bits, int m,
     const uint32_t (&keys)[kSortItemsPerThread], const uint32_t (&cols)[kSortItemsPerThread],
     int32_t* out, int64_t out_offset, const int32_t* page_row, int slots) {
-  const int span_bits = 32 - __clz(range.high - range.low);
-  const int bucket_shift = max(span_bits + column_bits - kBucketBits, 0);
+  const uint32_t span = range.high - range.low;
+  int key_bits = 32 - __clz(span);
+  uint32_t key_part[kSortItemsPerThread];  // key - low, or the key's dense rank: both in order
+#pragma unroll
+  for (int j = 0; j < kSortItemsPerThread; ++j) key_part[j] = (keys[j] >> range.shift) - range.low;
+  if (key_bits >= kDenseMinSpanBits && span < kDigitBins && !ProbeOn(s, kProbeOldBuckets)) {
+    key_bits = DenseKeyRanks(s, key_part, m);  // block-uniform
+    ProbeCount(s, kCountDenseRanks);
+  }
+  const int bucket_shift = max(key_bits + column_bits - kBucketBits, 0);
   const uint32_t column_mask = (1u << column_bits) - 1u;
   uint64_t composite[kSortItemsPerThread];
   int bin[kSortItemsPerThread];  // the largest composites in bin 0
 #pragma unroll
   for (int j = 0; j < kSortItemsPerThread; ++j) {
     const bool valid = static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m;
-    composite[j] =
-        (uint64_t{(keys[j] >> range.shift) - range.low} << column_bits) | (column_mask - cols[j]);
+    composite[j] = (uint64_t{key_part[j]} << column_bits) | (column_mask - cols[j]);
     bin[j] = kDigitBins - 1 - static_cast<int>(composite[j] >> bucket_shift);
     if (valid) atomicAdd(&s.hist[bin[j]], 1u);
   }
