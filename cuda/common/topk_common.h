@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/topk_problem.h"
+
 #if defined(__CUDACC__)
 #define TOPK_HOST_DEVICE __host__ __device__ __forceinline__ constexpr
 #else
@@ -76,6 +78,14 @@ TOPK_HOST_DEVICE int64_t TableRowFor(int64_t row, const int32_t* table_rows, int
   if (table_rows == nullptr) return row;
   const int64_t t = table_rows[row];
   return t < 0 ? 0 : (t >= table_count ? table_count - 1 : t);
+}
+
+// The page-table row that serves score row `row` of `problem`, or nullptr without a table.
+TOPK_HOST_DEVICE const int32_t* PageTableRow(const TopkProblem& problem, int64_t row) {
+  return problem.page_table == nullptr
+             ? nullptr
+             : problem.page_table +
+                   TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages;
 }
 
 // Column j -> page_table_row[j >> log2_page_size] * page_size + (j & (page_size - 1)),

@@ -121,7 +121,7 @@ void TopkRow(const TopkProblem& p, int64_t r, const typename Scores::Bits* row,
       values[s] = out[s] == kEmptySlot ? Scores::kEmpty : row[out[s]];
   }
   if (p.page_table == nullptr) return;
-  const int32_t* table_row = p.page_table + TableRowFor(r, p.table_rows, p.table_count) * p.pages;
+  const int32_t* table_row = PageTableRow(p, r);
   for (int32_t s = 0; s < p.k && out[s] != kEmptySlot; ++s) {
     out[s] = PageTransform(out[s], table_row, p.log2_page_size);
   }

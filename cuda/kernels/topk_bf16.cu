@@ -524,11 +524,7 @@ __device__ __forceinline__ void StoreWinners(Shared& shared,
   }
   __syncthreads();
 
-  const int32_t* table_row =
-      problem.page_table != nullptr
-          ? problem.page_table +
-                TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages
-          : nullptr;
+  const int32_t* table_row = PageTableRow(problem, row);
   if constexpr (!Shared::kSorted) {
     for (int slot = thread; slot < k; slot += kThreadsPerRow) {
       const bool filled_slot = slot < selected;

@@ -203,7 +203,7 @@ __device__ __forceinline__ Pivot FindPivot(Shared& s, const RowKeys<kElems>& row
 }
 
 // Phase 4: stages the winners (keys > pivot, then the first `quota` keys == pivot by column) in
-// ascending column order; returns how many there are. Every thread calls it; two barriers.
+// ascending column order. Every thread calls it; two barriers.
 template <int kElems>
 __device__ __forceinline__ void StageWinners(Shared& s, const RowKeys<kElems>& row,
                                              const Pivot& pivot) {
@@ -252,11 +252,7 @@ __device__ __forceinline__ void StoreWinners(Shared& s, const TopkProblem& probl
   int32_t* row_out = problem.out + row * k;
   uint32_t* row_values =
       problem.values != nullptr ? static_cast<uint32_t*>(problem.values) + row * k : nullptr;
-  const int32_t* table_row =
-      problem.page_table != nullptr
-          ? problem.page_table +
-                TableRowFor(row, problem.table_rows, problem.table_count) * problem.pages
-          : nullptr;
+  const int32_t* table_row = PageTableRow(problem, row);
   const auto store = [&](int slot, int32_t column, uint32_t key) {
     row_out[slot] = PageTransform(column, table_row, problem.log2_page_size);
     if (row_values != nullptr) row_values[slot] = BitsFromOrderedKeyF32(key);

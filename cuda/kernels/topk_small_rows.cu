@@ -159,11 +159,7 @@ struct RowOutput {
       : indices(problem.out + row * problem.k),
         values(problem.values != nullptr ? static_cast<Bits*>(problem.values) + row * problem.k
                                          : nullptr),
-        table_row(problem.page_table != nullptr
-                      ? problem.page_table +
-                            TableRowFor(row, problem.table_rows, problem.table_count) *
-                                problem.pages
-                      : nullptr),
+        table_row(PageTableRow(problem, row)),
         log2_page_size(problem.log2_page_size) {}
   __device__ void Winner(int slot, uint32_t column, uint32_t key) const {
     indices[slot] = PageTransform(static_cast<int32_t>(column), table_row, log2_page_size);

@@ -388,11 +388,7 @@ __device__ __forceinline__ void WriteWinners(SharedStorage& s, const TopkProblem
   const int64_t out_offset = s.job.row * problem.k + first_slot;
   int32_t* out = problem.out + out_offset;
   const bool with_values = problem.values != nullptr;  // uniform; never with by_bitmap
-  const int32_t* page_row = nullptr;
-  if (problem.page_table != nullptr && m > 0) {
-    page_row = problem.page_table +
-               TableRowFor(s.job.row, problem.table_rows, problem.table_count) * problem.pages;
-  }
+  const int32_t* page_row = m > 0 ? PageTableRow(problem, s.job.row) : nullptr;
   if (by_bitmap) {
     if (m > 0) {
       const int words = (span + 31) / 32;
