@@ -33,13 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benches import indexer, report
+from benches import indexer, merge, report
 from jax_topk import top_k, topk_bf16, topk_filtered
 from tests.support.families import FAMILIES, make
 
 L2_BYTES = 60 << 20
 OPS = {"topk_bf16": topk_bf16, "topk_filtered": topk_filtered, "top_k": top_k}
-ALL_OPS = [*OPS, *indexer.OPS]
+ALL_OPS = [*OPS, merge.OP, *indexer.OPS]
 DEFAULT_RESULTS = "benches/results/h200.json"
 
 
@@ -67,7 +67,10 @@ class Shape:
 
     @property
     def has_lengths(self) -> bool:
-        """The call passes lengths: topk_bf16 and topk_filtered always, top_k unless full."""
+        """The call passes lengths: topk_bf16 and topk_filtered always, top_k unless full,
+        merge_topk never."""
+        if self.op == merge.OP:
+            return False
         return self.op != "top_k" or self.lengths != "full"
 
     @property
@@ -83,6 +86,8 @@ class Shape:
         """Bytes of one input set."""
         if self.is_indexer:
             return indexer.input_bytes(self)
+        if self.op == merge.OP:
+            return merge.input_bytes(self)
         return self.rows * self.n * self.itemsize
 
     def row_lengths(self) -> np.ndarray:
@@ -149,6 +154,11 @@ def gpu_shapes() -> list[Shape]:
         Shape("top_k", "bfloat16", 32, 131072, 2048, "full"),
         Shape("top_k", "float32", 64, 131072, 4096, "full"),
     ]
+    shapes += [  # eight column shards' candidates: split-KV decode, a context-parallel prefill
+        Shape(merge.OP, dtype, rows, 8 * 2048, 2048, "full")
+        for dtype in ("float32", "bfloat16")
+        for rows in (32, 5536)
+    ]
     shapes += indexer_shapes(  # decode (1 and 32 queries), prefill chunks
         ((1, 131072), (32, 131072), (128, 65536), (512, 65536), (2048, 32768), (4096, 131072)),
         heads=64,
@@ -167,6 +177,7 @@ def cpu_shapes(quick: bool) -> list[Shape]:
         Shape("topk_bf16", "bfloat16", 512, 16384, 512, "full", 64),
         Shape("top_k", "float32", 8, 152064, 50, "full"),
         Shape("top_k", "float32", 4096, 256, 8, "full"),
+        Shape(merge.OP, "float32", 64, 8 * 256, 256, "full"),
     ]
     shapes += indexer_shapes(((8, 16384),), heads=16, head_dim=64)
     if not quick:
@@ -516,6 +527,40 @@ def bench_shape(shape: Shape, on_gpu: bool, copy_tbps: float | None, quick: bool
     return record
 
 
+def bench_merge_shape(shape: Shape, on_gpu: bool, copy_tbps, quick: bool) -> dict:
+    """One merge_topk shape (benches/merge.py): ours, the lax and torch merges, the floor, and
+    the check that all three select the same values."""
+    plan = Plan.of(shape, quick, on_gpu)
+    inputs = merge.make_inputs(shape, plan.sets, seed=shape.rows * 7 + shape.n)
+    ours, lax = merge.ours_call(shape.k), merge.lax_call(shape.k)
+    ours_jit, lax_jit = jax.jit(ours), jax.jit(lax)
+    torch_result = None
+    if on_gpu:
+        ours_us = device_time_us(ours_jit, inputs, plan.calls)
+        lax_us = device_time_us(lax_jit, inputs, plan.lax_calls)
+        torch_result = merge.torch_merge_us(inputs, shape.k, plan.calls)
+        wall_us = wall_time_us(ours, inputs[: plan.wall_sets], plan.wall_repeats)
+    else:
+        ours_us = wall_time_us(ours, inputs[: plan.wall_sets], plan.calls)
+        lax_us = wall_time_us(lax, inputs[:2], max(1, plan.calls // 3))
+        wall_us = ours_us
+    ours_values = ours_jit(*inputs[0])[0]
+    same_set = merge.same_values(ours_values, lax_jit(*inputs[0])[0])
+    if torch_result is not None:
+        same_set &= merge.same_values(ours_values, torch_result[1])
+    return dict(
+        **shape.identity(),
+        ours_us=ours_us,
+        lax_top_k_us=lax_us,
+        torch_topk_us=torch_result[0] if torch_result else None,
+        floor_us=shape.nbytes / (copy_tbps * 1e12) * 1e6 if copy_tbps else None,
+        copy_TBps=copy_tbps,
+        ours_wall_us=wall_us,
+        same_set_as_peers=same_set,
+        **_this_run(),
+    )
+
+
 def bench_indexer_shape(shape: Shape, on_gpu: bool, copy_tbps, matrix_tflops, quick: bool):
     """One indexer shape: ours and the JAX path's peers (benches/indexer.py), the floors,
     and the checks on the first input set."""
@@ -801,6 +846,8 @@ def main(argv=None) -> int:
     records = [
         bench_indexer_shape(shape, on_gpu, copy_tbps, matrix_rates.get(shape.dtype), args.quick)
         if shape.is_indexer
+        else bench_merge_shape(shape, on_gpu, copy_tbps, args.quick)
+        if shape.op == merge.OP
         else bench_shape(shape, on_gpu, copy_tbps, args.quick)
         for shape in progress(shapes, desc="timing")
     ]

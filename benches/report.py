@@ -201,7 +201,11 @@ def _describe(records: list[dict]) -> str:
         "lengths (mask included; no mask for top_k rows without lengths); torch.topk on the "
         "same rows (CUDA events). Floor = valid bytes (2 an element for 16-bit rows) / "
         "measured copy bandwidth. 'checked': every peer selected the same set (and top_k's "
-        "values are the operand at its indices). Scores: random normal.\n\n"
+        "values are the operand at its indices). Scores: random normal. merge_topk rows hold "
+        "n / k candidate lists of k (a value and an int32 global column each, as column "
+        "shards' top_k results arrive); its peers run lax.top_k / torch.topk over the "
+        "candidates and gather the columns, its floor reads every value and column once, and "
+        "'checked' means the three selected the same values.\n\n"
     )
 
 
@@ -257,6 +261,12 @@ PANELS = (
         lambda r: r["op"] == "top_k" and r["n"] not in (152064, 256),
         "shape",
         lambda r: f"{r['dtype']} k={r['k']} {r['lengths']}",
+    ),
+    (
+        "merge_topk (dtype; n / k lists of k)",
+        lambda r: r["op"] == "merge_topk",
+        "rows",
+        lambda r: f"{r['dtype']} {r['n'] // r['k']} x {r['k']}",
     ),
     *(
         (
