@@ -1,28 +1,21 @@
 // indexer_topk on CUDA: the indices of topk_filtered over indexer_logits' bits, the logits kept
 // out of memory (fused path) where the tensor-core kernel runs the problem. Launches, in order
 // on the stream (none reads anything back to the host):
-//  1. Sample: the tensor-core kernel over every s-th key tile (s = 32) writes those logits (the
-//     sample, 1/s of the work) to the logits workspace.
-//  2. Cutoffs (one block a row): the ordered key of the (e + 4 sqrt(e) + 8)-th largest sampled
-//     value (e = k / s), which the row's k-th largest should lie above; rows of at most
-//     kIndexerMaxCandidates columns keep every value, masked and empty rows none. Also zeroes
-//     the row's counters.
-//  3. Main pass: the tensor-core kernel over all keys with the KeepCandidates sink: each row's
-//     values >= its cutoff's threshold (an upper set of the total order) go to its candidates.
-//  4. Selection (one block a row): a row with k <= count <= capacity (or one that keeps every
-//     value) holds every winner, so the filtered kernel's candidate selection (SelectCandidates,
-//     PutWinners, WriteWinners) gives exactly its result. Any other row (a sample the data fooled,
-//     massive ties) is marked, and its query tile listed, for:
-//  5. Recomputation: the tensor-core kernel over the listed query tiles only, writing their logits
-//     to the logits workspace (the candidates are dead by then), and
-//  6. the exact route (one block a marked row): the filtered kernel's radix selection of the row.
+//  1. Sample: the tensor-core kernel over every s-th key tile (s = 32) writes those logits.
+//  2. Cutoffs (a block a row): the ordered key of the (e + 4 sqrt(e) + 8)-th largest sampled
+//     value (e = k / s); rows of at most kIndexerMaxCandidates columns keep every value, masked
+//     and empty rows none. Also zeroes the row's counters.
+//  3. Main pass: the tensor-core kernel with the KeepCandidates sink: each row's values >= its
+//     cutoff's threshold (an upper set of the total order) go to its candidates.
+//  4. Selection (a block a row): a row with k <= count <= capacity (or keeping every value)
+//     holds every winner: the filtered kernel's candidate selection gives exactly its result.
+//     Any other row (a fooled sample, massive ties) is marked, its query tile listed, for
+//  5. recomputation of the listed tiles' logits into the workspace, and
+//  6. the filtered kernel's exact radix selection of each marked row.
 // Correctness never depends on the sample: it only decides which rows take steps 5-6.
-// Measured (benches/NOTES.md, "fused indexer") slower than the unfused path at every shape timed
-// (its main pass is the logits kernel plus the sink's work in every tile's epilogue, 21-26 %;
-// the sample, cutoffs and selection add what the unfused selection costs), so the unfused path
-// (the logits into the workspace, the filtered kernel over them) is the default, and
-// JAX_TOPK_INDEXER_TOPK=fused selects this one (read when the call is traced, which sizes the
-// workspaces for it, and at each dispatch).
+// The unfused path (logits to the workspace, then the filtered kernel) measured faster at every
+// shape (benches/NOTES.md, "fused indexer"), so it is the default; JAX_TOPK_INDEXER_TOPK=fused
+// selects this one (read at trace time, which sizes the workspaces, and at each dispatch).
 #include <cuda_runtime.h>
 
 #include <atomic>
