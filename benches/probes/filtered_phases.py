@@ -3,9 +3,7 @@ kernels/filtered/probe.cuh): device time of topk_filtered (unsorted, sorted) and
 set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the previous 16-bit
 filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the
 relative bins' first and last never settling the k-th key, 16: rank-order buckets without dense
-key ranks; 24 = 8 + 16 is the kernel of benches/NOTES.md "bf16-pass"; 32: rank-order buckets
-storing each winner at its rank, scattered; 64: a one-key bin settled and gathered in three passes;
-96 = 32 + 64 is the kernel of "bf16-bin0"), with --stamps the
+key ranks; benches/NOTES.md "bf16-queue" timed two more, since removed), with --stamps the
 per-phase times of one call of each (2: the kernel's last block prints them), and with --routes
 the route counts of the test families built for those paths (tests/support/families.py).
 Command buffers are off so that every call's launch reads the switches. Run on the GPU from the
@@ -27,13 +25,12 @@ from benches.probes.filtered_variants import floor_us  # noqa: E402
 
 VARIANTS = {
     "new": 0,
-    "scattered write": 32,
-    "three-pass gather": 64,
-    "bf16-bin0": 96,
+    "old bin edges": 8,
+    "old buckets": 16,
 }
 LIBC = ctypes.CDLL(None)
-STAMPED = ("new", "bf16-bin0")
-TIMED = ("new", "scattered write", "three-pass gather", "bf16-bin0")
+STAMPED = ("new",)
+TIMED = ("new", "old bin edges", "old buckets")
 
 
 def set_variant(flags: int):
@@ -123,7 +120,7 @@ def main():
         " | floor | top_k / floor |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    every, baseline = list(TIMED), ["new", "bf16-bin0"]
+    every, baseline = list(TIMED), ["new"]
     indexer = [  # the most wanted rows first: a time limit cuts the tail
         ("5536x131072 causal", 5536, 131072, True, jnp.bfloat16, every),
         (
@@ -132,7 +129,7 @@ def main():
             131072,
             True,
             jnp.float16,
-            ["new", "scattered write", "bf16-bin0"],
+            ["new", "old buckets"],
         ),
         ("5536x131072 causal", 5536, 131072, True, jnp.float32, baseline),
         ("32x131072", 32, 131072, False, jnp.bfloat16, baseline),

@@ -18,14 +18,11 @@ namespace jax_topk {
 namespace {
 
 enum ProbeFlag : int {
-  kProbeOld16BitLoop = 1,     // the 16-bit filtering tile widened a value at a time
-  kProbeStamps = 2,           // phase stamps and route counts, printed by the launch's last block
-  kProbeOldSelection = 4,     // crowded bins and tie groups of 33+ by radix digits only
-  kProbeOldBinEdges = 8,      // the first and last relative bins never settle the k-th key
-  kProbeOldBuckets = 16,      // rank-order buckets by key - lowest key, never by dense key ranks
-  kProbeScatteredWrite = 32,  // rank-order buckets store each winner at its rank, scattered
-  kProbeOldGather = 64,  // a one-key bin's tie quota and winners by OneKeyInBin, NthColumnOfKey
-                         // and GatherWinners, three passes (not one)
+  kProbeOld16BitLoop = 1,  // the 16-bit filtering tile widened a value at a time
+  kProbeStamps = 2,        // phase stamps and route counts, printed by the launch's last block
+  kProbeOldSelection = 4,  // crowded bins and tie groups of 33+ by radix digits only
+  kProbeOldBinEdges = 8,   // the first and last relative bins never settle the k-th key
+  kProbeOldBuckets = 16,   // rank-order buckets by key - lowest key, never by dense key ranks
 };
 
 enum ProbePhase : int {

@@ -548,8 +548,7 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
   if (!RelativeBins::Settles(first.a, edges) && !by_block) {
     uint32_t key = 0;
     const bool may_settle = crowded && RelativeBins::MaySettle(first.a, edges);
-    if (may_settle && to == WinnersTo::kSelected && s.job.length <= kGatherBitmapColumns &&
-        !ProbeOn(s, kProbeOldGather)) {
+    if (may_settle && to == WinnersTo::kSelected && s.job.length <= kGatherBitmapColumns) {
       const RankValue kth = GatherOneKeyBin(s, source, relative_bin, first.a, rank,
                                             static_cast<int>(first.total), s.job.length);
       if (kth.gathered >= 0) {

@@ -354,8 +354,6 @@ __device__ __forceinline__ bool WriteRankOrderByBuckets(
     }
   }
   __syncthreads();
-  const bool with_values = problem.values != nullptr;
-  const bool scattered = ProbeOn(s, kProbeScatteredWrite);
   uint2* const in_rank_order = s.candidates + kMaxK;  // (column, key) by rank, after `placed`
 #pragma unroll
   for (int j = 0; j < kSortItemsPerThread; ++j) {
@@ -366,36 +364,23 @@ __device__ __forceinline__ bool WriteRankOrderByBuckets(
         const uint2 other = placed[q];
         rank += ((uint64_t{other.x} << 32) | other.y) > composite[j];
       }
-      if (!scattered) {
-        in_rank_order[rank] = make_uint2(cols[j], keys[j]);
-        continue;
-      }
-      const uint32_t col = cols[j];
-      out[rank] = PageTransform(static_cast<int32_t>(col), page_row, problem.log2_page_size);
-      if (with_values) WriteValue(problem, out_offset + rank, BitsFromOrderedKeyF32(keys[j]));
+      in_rank_order[rank] = make_uint2(cols[j], keys[j]);
     }
   }
-  if (!scattered) {
-    // Every slot from shared memory in rank order: consecutive threads write consecutive slots
-    // (a warp store a few sectors), where a store at each winner's own rank touches a sector a
-    // lane (benches/NOTES.md "bf16-queue": top_k's values made that ~60 us of a 750 us call).
-    __syncthreads();
-    for (int slot = threadIdx.x; slot < slots; slot += kThreadsPerBlock) {
-      const uint2 winner = slot < m ? in_rank_order[slot] : make_uint2(0u, 0u);
-      out[slot] =
-          slot < m ? PageTransform(static_cast<int32_t>(winner.x), page_row, problem.log2_page_size)
-                   : kEmptySlot;
-      if (with_values) {
-        WriteValue(problem, out_offset + slot,
-                   slot < m ? BitsFromOrderedKeyF32(winner.y) : kNegInfF32Bits);
-      }
+  __syncthreads();
+  // Every slot from shared memory in rank order: consecutive threads write consecutive slots (a
+  // warp store a few sectors), where a store at each winner's own rank touched a sector a lane
+  // (benches/NOTES.md "bf16-queue": top_k 5536 x 131072 bfloat16 778 -> 717 us).
+  const bool with_values = problem.values != nullptr;
+  for (int slot = threadIdx.x; slot < slots; slot += kThreadsPerBlock) {
+    const uint2 winner = slot < m ? in_rank_order[slot] : make_uint2(0u, 0u);
+    out[slot] =
+        slot < m ? PageTransform(static_cast<int32_t>(winner.x), page_row, problem.log2_page_size)
+                 : kEmptySlot;
+    if (with_values) {
+      WriteValue(problem, out_offset + slot,
+                 slot < m ? BitsFromOrderedKeyF32(winner.y) : kNegInfF32Bits);
     }
-    __syncthreads();  // the buffers are reused by the next row
-    return true;
-  }
-  for (int slot = m + static_cast<int>(threadIdx.x); slot < slots; slot += kThreadsPerBlock) {
-    out[slot] = kEmptySlot;
-    if (with_values) WriteValue(problem, out_offset + slot, kNegInfF32Bits);
   }
   __syncthreads();  // the buffers are reused by the next row
   return true;
