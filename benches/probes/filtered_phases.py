@@ -3,7 +3,7 @@ kernels/filtered/probe.cuh): device time of topk_filtered (unsorted, sorted) and
 set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the previous 16-bit
 filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the
 relative bins' first and last never settling the k-th key, 16: rank-order buckets without dense
-key ranks; 24 = 8 + 16 is the kernel of benches/NOTES.md "bf16-pass"), with --stamps the
+key ranks; benches/NOTES.md "bf16-queue" timed two more, since removed), with --stamps the
 per-phase times of one call of each (2: the kernel's last block prints them), and with --routes
 the route counts of the test families built for those paths (tests/support/families.py).
 Command buffers are off so that every call's launch reads the switches. Run on the GPU from the
@@ -27,11 +27,10 @@ VARIANTS = {
     "new": 0,
     "old bin edges": 8,
     "old buckets": 16,
-    "bf16-pass": 24,
 }
 LIBC = ctypes.CDLL(None)
-STAMPED = ("new", "bf16-pass")
-TIMED = ("new", "old bin edges", "old buckets", "bf16-pass")
+STAMPED = ("new",)
+TIMED = ("new", "old bin edges", "old buckets")
 
 
 def set_variant(flags: int):
@@ -77,6 +76,7 @@ def routes():
     for dtype in ("float32", "bfloat16", "float16"):
         for make, n, sorted_ in (
             (families.kth_key_at_the_cutoff, 65536, False),
+            (families.kth_key_at_the_cutoff, 65536, True),  # GatherOneKeyBin's rows
             (families.few_keys_over_a_span, 131072, True),
         ):
             for rows in (300, 6):
@@ -120,7 +120,7 @@ def main():
         " | floor | top_k / floor |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    every, baseline = list(TIMED), ["new", "bf16-pass"]
+    every, baseline = list(TIMED), ["new"]
     indexer = [  # the most wanted rows first: a time limit cuts the tail
         ("5536x131072 causal", 5536, 131072, True, jnp.bfloat16, every),
         (
@@ -129,7 +129,7 @@ def main():
             131072,
             True,
             jnp.float16,
-            ["new", "old buckets", "bf16-pass"],
+            ["new", "old buckets"],
         ),
         ("5536x131072 causal", 5536, 131072, True, jnp.float32, baseline),
         ("32x131072", 32, 131072, False, jnp.bfloat16, baseline),

@@ -173,6 +173,7 @@ struct SharedStorage {
   int selected_count;
   RowJob job;
   uint32_t sample_largest;  // the largest sampled key of the job's row (0: none)
+  uint2 bin_key_range;      // a crowded relative bin's (lowest, highest) key (GatherOneKeyBin)
 #if JAX_TOPK_FILTERED_PROBE
   int probe;                      // the launch's ProbeFlag values (probe.cuh)
   unsigned long long probe_last;  // thread 0's last phase stamp

@@ -26,14 +26,16 @@ enum ProbeFlag : int {
 };
 
 enum ProbePhase : int {
-  kPhaseQueue,   // from the last stamp (the previous row's end) to a row's start
-  kPhaseSample,  // the sample and the cutoffs
-  kPhasePass,    // every filtering pass of the row
-  kPhaseSelect,  // the k-th key and the tie quota over the candidates
-  kPhasePut,     // winners marked or gathered
-  kPhaseExact,   // the exact route (selection over the row and its winners)
-  kPhaseWrite,   // ordering and writing the winners
-  kPhaseTail,    // from the last row's end to the block's exit
+  kPhaseQueue,         // from the last stamp (the previous row's end) to a row's start
+  kPhaseSampleCoarse,  // the sample's loads, its first histogram and search
+  kPhaseSample,        // the sample's second histogram and search (the cutoffs)
+  kPhaseClaim,         // the queue's next row (its claim and length) after the sample
+  kPhasePass,          // every filtering pass of the row
+  kPhaseSelect,        // the k-th key and the tie quota over the candidates
+  kPhasePut,           // winners marked or gathered
+  kPhaseExact,         // the exact route (selection over the row and its winners)
+  kPhaseWrite,         // ordering and writing the winners
+  kPhaseTail,          // from the last row's end to the block's exit
   kProbePhases
 };
 
@@ -44,6 +46,7 @@ enum ProbeCounter : int {
   kCountWarpRank,     // k-th key ranked by one warp in its relative bin
   kCountBlockRank,    // ... by the block (33 to kBlockRankMembers members)
   kCountOneKeyBin,    // ... read off a crowded bin of one key
+  kCountGatheredBin,  // ... of those, with the winners gathered in the same pass
   kCountDigitRank,    // ... by three radix digits
   kCountTieBlock,     // tie quota by the block
   kCountTieBitmap,    // tie quota by a bitmap of the tie group's columns
@@ -130,17 +133,19 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   atomicExch(&g_probe_blocks_done, 0u);
   const double rows = counts[kCountRows] > 0 ? static_cast<double>(counts[kCountRows]) : 1.0;
   printf(
-      "probe grid=%u rows=%llu us/row/block: queue %.2f sample %.2f pass %.2f select %.2f "
-      "put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu exact %llu; rank "
-      "warp %llu block %llu one-key bin %llu digits %llu; ties block %llu bitmap %llu digits "
-      "%llu; dense-rank buckets %llu, spills %llu; kept/row %.0f\n",
-      gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3, ns[kPhaseSample] / rows / 1e3,
-      ns[kPhasePass] / rows / 1e3, ns[kPhaseSelect] / rows / 1e3, ns[kPhasePut] / rows / 1e3,
-      ns[kPhaseExact] / rows / 1e3, ns[kPhaseWrite] / rows / 1e3, ns[kPhaseTail] / 1e3,
-      counts[kCountSecondary], counts[kCountExact], counts[kCountWarpRank], counts[kCountBlockRank],
-      counts[kCountOneKeyBin], counts[kCountDigitRank], counts[kCountTieBlock],
-      counts[kCountTieBitmap], counts[kCountTieDigits], counts[kCountDenseRanks],
-      counts[kCountBucketSpill], counts[kCountKept] / rows);
+      "probe grid=%u rows=%llu us/row/block: queue %.2f sample %.2f + %.2f claim %.2f pass %.2f "
+      "select %.2f put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu "
+      "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu) digits %llu; ties "
+      "block %llu bitmap %llu digits %llu; dense-rank buckets %llu, spills %llu; kept/row %.0f\n",
+      gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3,
+      ns[kPhaseSampleCoarse] / rows / 1e3, ns[kPhaseSample] / rows / 1e3,
+      ns[kPhaseClaim] / rows / 1e3, ns[kPhasePass] / rows / 1e3, ns[kPhaseSelect] / rows / 1e3,
+      ns[kPhasePut] / rows / 1e3, ns[kPhaseExact] / rows / 1e3, ns[kPhaseWrite] / rows / 1e3,
+      ns[kPhaseTail] / 1e3, counts[kCountSecondary], counts[kCountExact], counts[kCountWarpRank],
+      counts[kCountBlockRank], counts[kCountOneKeyBin], counts[kCountGatheredBin],
+      counts[kCountDigitRank], counts[kCountTieBlock], counts[kCountTieBitmap],
+      counts[kCountTieDigits], counts[kCountDenseRanks], counts[kCountBucketSpill],
+      counts[kCountKept] / rows);
 #else
   (void)s;
 #endif

@@ -99,7 +99,7 @@ __device__ __forceinline__ int SelectKept(SharedStorage& s, const CandidateSink&
                                           uint32_t cutoff, int kept, WinnersTo to) {
   const CandidateSource candidates{s.candidates, keep.shared_capacity, keep.global, kept};
   const Selection selection =
-      SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, s.sample_largest);
+      SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, s.sample_largest, to);
   ProbeStamp(s, kPhaseSelect);
   const int m = PutWinners(s, candidates, selection, to, s.job.length);
   ProbeStamp(s, kPhasePut);
@@ -153,8 +153,9 @@ __device__ __forceinline__ void RunRow(SharedStorage& s, const FilteredLaunch& l
   if (s.job.length > 0) {
     ProbeCount(s, kCountRows);
     SampleJobCutoffs<Elements>(s, launch.problem, rank_slack, 0, s.job.length);
-    while_sampled();
     ProbeStamp(s, kPhaseSample);
+    while_sampled();
+    ProbeStamp(s, kPhaseClaim);
     m = SelectJobRow<Elements>(s, launch, Route::kPrimary);
   } else {
     while_sampled();

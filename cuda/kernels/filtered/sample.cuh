@@ -72,6 +72,7 @@ __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s,
   DigitHistogram(s, sample, KeyOfValue{}, 0, 0, 0);
   const BinSearch coarse =
       FindBins(s, static_cast<uint32_t>(primary_rank), static_cast<uint32_t>(secondary_rank));
+  ProbeStamp(s, kPhaseSampleCoarse);
   if (primary_rank > coarse.total) return {0, 0};
   const uint32_t secondary = secondary_rank > coarse.total ? 0 : coarse.b.bin << DigitShift(0);
   // Refine the primary within its coarse bin with the next 11 bits of the sampled keys.

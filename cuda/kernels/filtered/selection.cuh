@@ -221,7 +221,9 @@ struct RankValue {
   int quota;
   int group;
   bool all;
-  int total;  // the items taking part
+  int total;                  // the items taking part
+  int gathered = -1;          // >= 0: the winners are in s.work.selected already (GatherOneKeyBin)
+  uint32_t column_limit = 0;  // ... and the last of them of `value` is at this column
 };
 template <class Source, class Project>
 __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Source& source,
@@ -253,6 +255,11 @@ __device__ __forceinline__ RankValue FindRankValue(SharedStorage& s, const Sourc
   return {prefix, static_cast<int>(remaining), static_cast<int>(group), false,
           static_cast<int>(first.total)};
 }
+
+// Where a selection's winners go: marked in s.work.bitmap (a bit for each of the columns
+// [0, columns), columns <= kBitmapColumns; WriteWinners reads them out in column order), or
+// gathered into s.work.selected (value bits and column, in no particular order).
+enum class WinnersTo { kSelected, kBitmap };
 
 // The most members a rank by the whole block takes (RankInBlock): a thread a member.
 constexpr int kBlockRankMembers = 256;
@@ -430,13 +437,103 @@ __device__ __forceinline__ void RelativeHistogram(SharedStorage& s, const Candid
   __syncthreads();
 }
 
+// Rows of up to kGatherBitmapColumns columns keep a bitmap of a crowded bin's columns in the upper
+// half of s.work, above s.work.selected, so that one pass can fill both.
+constexpr int kGatherBitmapAt = 2 * kMaxK;  // in s.work.frontier's words
+constexpr int kGatherBitmapWordsPerThread =
+    (kFrontierCapacity - kGatherBitmapAt) / kThreadsPerBlock;
+constexpr int kGatherBitmapColumns = kGatherBitmapWordsPerThread * kThreadsPerBlock * 32;
+static_assert(kGatherBitmapWordsPerThread % 4 == 0, "whole uint4 loads a thread");
+static_assert(kGatherBitmapAt * sizeof(uint32_t) == sizeof(SharedStorage::work.selected),
+              "the bitmap right above the winners");
+
+// A crowded relative bin (`found`, holding the rank-th key) settled with the winners gathered into
+// s.work.selected, for rows of up to kGatherBitmapColumns columns: one pass over the candidates
+// takes the bin's lowest and highest key, marks its members' columns in a bitmap and gathers the
+// candidates of the bins above it (all winners: found.above of them); when the bin holds one key,
+// one block scan of the bitmap appends its rank - found.above lowest columns. A bfloat16 row's
+// usual route (its k-th key has ~1000 ties: benches/NOTES.md "bf16-bin0"), in one pass where
+// OneKeyInBin, NthColumnOfKey and GatherWinners take three. Returns the rank value with
+// `gathered` = rank, or with gathered = -1 when the bin holds more than one key (then only s.work
+// has changed). A barrier follows.
+__device__ __forceinline__ RankValue GatherOneKeyBin(SharedStorage& s,
+                                                     const CandidateSource& source,
+                                                     const RelativeBins& bins,
+                                                     const BinFound& found, int rank, int total,
+                                                     int columns) {
+  uint32_t* const bitmap = s.work.frontier + kGatherBitmapAt;
+  const int words = (columns + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) bitmap[w] = 0;
+  if (threadIdx.x == 0) {
+    s.selected_count = 0;
+    s.bin_key_range = make_uint2(0xFFFFFFFFu, 0u);
+  }
+  __syncthreads();
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    const uint32_t key = OrderedKeyF32(bits);
+    const uint32_t bin = bins(key);
+    const bool member = valid && bin == found.bin;
+    const bool above = valid && bin > found.bin;
+    const uint32_t low = __reduce_min_sync(kFullMask, member ? key : 0xFFFFFFFFu);
+    const uint32_t high = __reduce_max_sync(kFullMask, member ? key : 0u);
+    if (threadIdx.x % kWarpSize == 0 && low <= high) {
+      atomicMin(&s.bin_key_range.x, low);
+      atomicMax(&s.bin_key_range.y, high);
+    }
+    if (member) atomicOr(&bitmap[col / 32], 1u << (col % 32));
+    const int position = WarpReserve(&s.selected_count, above);
+    if (above) {  // found.above < rank <= kMaxK of them
+      s.work.selected.bits[position] = bits;
+      s.work.selected.col[position] = static_cast<uint32_t>(col);
+    }
+  });
+  __syncthreads();
+  const uint2 key_range = s.bin_key_range;
+  if (key_range.x != key_range.y) return {0, 0, 0, false, total};  // block-uniform
+  // This thread's words: its members are the bin's before + 1, before + 2, ... in column order.
+  const int first_word = static_cast<int>(threadIdx.x) * kGatherBitmapWordsPerThread;
+  uint32_t mine[kGatherBitmapWordsPerThread];
+  uint32_t count = 0;
+#pragma unroll
+  for (int q = 0; q < kGatherBitmapWordsPerThread / 4; ++q) {
+    const uint4 four = *reinterpret_cast<const uint4*>(&bitmap[first_word + 4 * q]);
+    mine[4 * q + 0] = four.x;
+    mine[4 * q + 1] = four.y;
+    mine[4 * q + 2] = four.z;
+    mine[4 * q + 3] = four.w;
+  }
+#pragma unroll
+  for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
+    if (first_word + j >= words) mine[j] = 0;  // past the words zeroed above
+    count += __popc(mine[j]);
+  }
+  uint32_t members;
+  uint32_t before = BlockExclusiveSum(s.warp_sums, count, members);
+  const uint32_t quota = static_cast<uint32_t>(rank) - found.above;  // 1 .. found.count
+  const uint32_t key_bits = BitsFromOrderedKeyF32(key_range.x);
+#pragma unroll
+  for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
+    for (uint32_t word = mine[j]; word != 0 && before < quota; word &= word - 1, ++before) {
+      const uint32_t col = static_cast<uint32_t>(first_word + j) * 32 + __ffs(word) - 1;
+      s.work.selected.bits[found.above + before] = key_bits;
+      s.work.selected.col[found.above + before] = col;
+      if (before + 1 == quota) s.found[0].bin = col;  // the last winning column of the key
+    }
+  }
+  __syncthreads();
+  return {key_range.x, static_cast<int>(quota), static_cast<int>(found.count), false, total,
+          rank,        s.found[0].bin};
+}
+
 // The rank-th largest key of candidates kept by `cutoff`, given the sample's largest key: one
 // histogram in relative bins usually leaves the k-th key in a bin of a few candidates, which one
 // warp ranks directly. Otherwise the three-digit selection (the answer never depends on the
-// sample, only the work does).
+// sample, only the work does). With `to` = kSelected a crowded bin of one key gathers the winners
+// as it settles (GatherOneKeyBin: the result's `gathered`).
 __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
                                                             const CandidateSource& source, int rank,
-                                                            uint32_t cutoff, uint32_t largest) {
+                                                            uint32_t cutoff, uint32_t largest,
+                                                            WinnersTo to) {
   if (!RelativeBins::Usable(cutoff, largest)) return FindRankValue(s, source, KeyOfValue{}, rank);
   const RelativeBins relative_bin(cutoff, largest);
   RelativeHistogram(s, source, relative_bin);
@@ -450,8 +547,16 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
   const bool by_block = crowded && RelativeBins::SettlesInBlock(first.a, edges);
   if (!RelativeBins::Settles(first.a, edges) && !by_block) {
     uint32_t key = 0;
-    if (crowded && RelativeBins::MaySettle(first.a, edges) &&
-        OneKeyInBin(s, source, relative_bin, group_bin, key)) {
+    const bool may_settle = crowded && RelativeBins::MaySettle(first.a, edges);
+    if (may_settle && to == WinnersTo::kSelected && s.job.length <= kGatherBitmapColumns) {
+      const RankValue kth = GatherOneKeyBin(s, source, relative_bin, first.a, rank,
+                                            static_cast<int>(first.total), s.job.length);
+      if (kth.gathered >= 0) {
+        ProbeCount(s, kCountOneKeyBin);
+        ProbeCount(s, kCountGatheredBin);
+        return kth;
+      }
+    } else if (may_settle && OneKeyInBin(s, source, relative_bin, group_bin, key)) {
       ProbeCount(s, kCountOneKeyBin);
       return {key, rank - static_cast<int>(first.a.above), group, false,
               static_cast<int>(first.total)};
@@ -545,6 +650,7 @@ struct Selection {
   bool all;   // at most k valid items: all of them win
   int total;  // the valid items
   int k;
+  int gathered = -1;  // >= 0: that many winners are in s.work.selected already
   __device__ __forceinline__ int Count() const { return all ? total : k; }  // min(k, total)
 };
 
@@ -553,6 +659,7 @@ struct Selection {
 template <class Source>
 __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& source, int k,
                                                 const RankValue& kth) {
+  if (kth.gathered >= 0) return {{kth.value, kth.column_limit}, false, kth.total, k, kth.gathered};
   Wins wins{0, 0};  // kth.all: every valid key is above 0
   if (!kth.all) {
     wins = {kth.value, 0xFFFFFFFFu};
@@ -590,11 +697,15 @@ __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& 
 // any kernel that holds (value bits, column) pairs, however it found them. `cutoff` is the
 // ordered key that kept them (0: none; > 0 lets the relative bins work, given `largest`, the
 // largest key the caller expects, e.g. the sample's): the answer never depends on either, only
-// the work does. PutWinners then puts the winners where the caller wants them.
+// the work does. PutWinners then puts the winners where the caller wants them: `to`, where they
+// go, lets a crowded bin of one key gather them into s.work.selected as it settles them (kBitmap,
+// the default, never does).
 __device__ __forceinline__ Selection SelectCandidates(SharedStorage& s,
                                                       const CandidateSource& candidates, int k,
-                                                      uint32_t cutoff, uint32_t largest) {
-  return SettleTies(s, candidates, k, FindCandidateRankValue(s, candidates, k, cutoff, largest));
+                                                      uint32_t cutoff, uint32_t largest,
+                                                      WinnersTo to = WinnersTo::kBitmap) {
+  return SettleTies(s, candidates, k,
+                    FindCandidateRankValue(s, candidates, k, cutoff, largest, to));
 }
 
 // The exact top-k of a row read from global memory (the exact route).
@@ -604,15 +715,11 @@ __device__ __forceinline__ Selection SelectRow(SharedStorage& s, const RowSource
   return SettleTies(s, row, k, FindRankValue(s, row, KeyOfValue{}, k));
 }
 
-// Where a selection's winners go: marked in s.work.bitmap (a bit for each of the columns
-// [0, columns), columns <= kBitmapColumns; WriteWinners reads them out in column order), or
-// gathered into s.work.selected (value bits and column, in no particular order).
-enum class WinnersTo { kSelected, kBitmap };
-
 // Puts the winners of `selection` (over the same source) where `to` says; returns how many.
 template <class Source>
 __device__ __forceinline__ int PutWinners(SharedStorage& s, const Source& source,
                                           const Selection& selection, WinnersTo to, int columns) {
+  if (selection.gathered >= 0) return selection.gathered;  // in s.work.selected (to: kSelected)
   if (to == WinnersTo::kSelected) return GatherWinners(s, source, selection.wins);
   MarkWinners(s, source, selection.wins, 0, columns);
   return selection.Count();

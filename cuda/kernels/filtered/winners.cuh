@@ -227,7 +227,8 @@ __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
 // is a total order whose descending order is rank order. Its top kBucketBits bits pick one of
 // kDigitBins buckets (s.hist counts them, one block scan places them: bucket b's winners go before
 // bucket b+1's, the largest first); each winner is put at a free place of its bucket, and its rank
-// is its bucket's start plus the members of its bucket with a larger c. Six barriers (eight with
+// is its bucket's start plus the members of its bucket with a larger c; the winners are put at
+// their ranks in shared memory and written out from there, coalesced. Seven barriers (nine with
 // dense ranks), where a radix sort takes about four a pass (seven passes of a bfloat16 row's 26-bit
 // composite). When a bucket holds more than kBucketLimit (rows of few distinct keys and crowded
 // columns), returns false having changed nothing but s.work (dead: the winners are in registers)
@@ -236,6 +237,7 @@ constexpr int kBucketBits = 11;  // kDigitBins buckets
 constexpr int kBucketLimit = 64;
 static_assert(1 << kBucketBits == kDigitBins, "one bucket per s.hist bin");
 static_assert(2 * kDigitBins + 1 <= kFrontierCapacity, "bucket starts and cursors in s.work");
+static_assert(2 * kMaxK <= kSharedCandidates, "placed and in rank order in s.candidates");
 
 // Dense key ranks for the buckets: a 16-bit row's winners hold few distinct keys (JAX's normal
 // rows of 131072: bfloat16 2-3 over a span of ~20-30 keys, float16 ~17 over ~540), so key - low
@@ -352,7 +354,7 @@ __device__ __forceinline__ bool WriteRankOrderByBuckets(
     }
   }
   __syncthreads();
-  const bool with_values = problem.values != nullptr;
+  uint2* const in_rank_order = s.candidates + kMaxK;  // (column, key) by rank, after `placed`
 #pragma unroll
   for (int j = 0; j < kSortItemsPerThread; ++j) {
     if (static_cast<int>(threadIdx.x) * kSortItemsPerThread + j < m) {
@@ -362,14 +364,23 @@ __device__ __forceinline__ bool WriteRankOrderByBuckets(
         const uint2 other = placed[q];
         rank += ((uint64_t{other.x} << 32) | other.y) > composite[j];
       }
-      const uint32_t col = cols[j];
-      out[rank] = PageTransform(static_cast<int32_t>(col), page_row, problem.log2_page_size);
-      if (with_values) WriteValue(problem, out_offset + rank, BitsFromOrderedKeyF32(keys[j]));
+      in_rank_order[rank] = make_uint2(cols[j], keys[j]);
     }
   }
-  for (int slot = m + static_cast<int>(threadIdx.x); slot < slots; slot += kThreadsPerBlock) {
-    out[slot] = kEmptySlot;
-    if (with_values) WriteValue(problem, out_offset + slot, kNegInfF32Bits);
+  __syncthreads();
+  // Every slot from shared memory in rank order: consecutive threads write consecutive slots (a
+  // warp store a few sectors), where a store at each winner's own rank touched a sector a lane
+  // (benches/NOTES.md "bf16-queue": top_k 5536 x 131072 bfloat16 778 -> 717 us).
+  const bool with_values = problem.values != nullptr;
+  for (int slot = threadIdx.x; slot < slots; slot += kThreadsPerBlock) {
+    const uint2 winner = slot < m ? in_rank_order[slot] : make_uint2(0u, 0u);
+    out[slot] =
+        slot < m ? PageTransform(static_cast<int32_t>(winner.x), page_row, problem.log2_page_size)
+                 : kEmptySlot;
+    if (with_values) {
+      WriteValue(problem, out_offset + slot,
+                 slot < m ? BitsFromOrderedKeyF32(winner.y) : kNegInfF32Bits);
+    }
   }
   __syncthreads();  // the buffers are reused by the next row
   return true;
