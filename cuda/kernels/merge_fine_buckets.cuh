@@ -96,22 +96,24 @@ struct FineBuckets {
   }
 };
 
-// Steps 1-3 for the n codes code_of(slot), slot = j * kThreads + threadIdx.x < n (j < kSlots;
-// code_of is called twice a slot, so it must not read `placed`), buckets code >> shift:
-// `placed` gets them grouped by bucket. Returns false (the words zero again, `placed`
-// untouched) when a bucket that gets ranks (see Starts) holds more than max_bucket. Ends
-// with a barrier.
+// Steps 1-2 for the codes code_of(slot) of this thread's slots slot = j * kThreads +
+// threadIdx.x < n whose bit j of `selected` is set (j < kSlots), buckets code >> shift; each
+// one's arrival in its bucket into `arrivals` (two 16-bit ones a word). Returns false (the words
+// zero again) when a bucket that gets ranks (see Starts) holds more than max_bucket. Ends with
+// a barrier.
 template <int kSlots, int kThreads, class CodeOf>
-__device__ __forceinline__ bool PlaceByBucket(FineBuckets<kThreads>& fine, int n,
-                                              const CodeOf& code_of, int shift, uint32_t limit,
-                                              bool only_straddling, uint32_t max_bucket,
-                                              uint64_t* placed) {
+__device__ __forceinline__ bool CountIntoBuckets(FineBuckets<kThreads>& fine, int n,
+                                                 uint32_t selected, const CodeOf& code_of,
+                                                 int shift, uint32_t limit, bool only_straddling,
+                                                 uint32_t max_bucket,
+                                                 uint32_t (&arrivals)[kSlots / 2]) {
   static_assert(kSlots % 2 == 0, "arrivals (< 2^16) packed two a register");
-  uint32_t arrivals[kSlots / 2] = {};
+#pragma unroll
+  for (int j = 0; j < kSlots / 2; ++j) arrivals[j] = 0;
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) {
     const int slot = j * kThreads + static_cast<int>(threadIdx.x);
-    if (slot < n)
+    if (slot < n && (selected >> j & 1u))
       arrivals[j / 2] |= fine.Add(static_cast<uint32_t>(code_of(slot) >> shift)) << (j % 2 * 16);
   }
   __syncthreads();
@@ -120,10 +122,26 @@ __device__ __forceinline__ bool PlaceByBucket(FineBuckets<kThreads>& fine, int n
     __syncthreads();
     return false;
   }
+  return true;
+}
+
+// Steps 1-3 for the codes of CountIntoBuckets (code_of is called twice a slot, so it must not
+// read `placed`): `placed` gets them grouped by bucket. Returns false (the words zero again,
+// `placed` untouched) when a bucket that gets ranks holds more than max_bucket. Ends with a
+// barrier.
+template <int kSlots, int kThreads, class CodeOf>
+__device__ __forceinline__ bool PlaceByBucket(FineBuckets<kThreads>& fine, int n, uint32_t selected,
+                                              const CodeOf& code_of, int shift, uint32_t limit,
+                                              bool only_straddling, uint32_t max_bucket,
+                                              uint64_t* placed) {
+  uint32_t arrivals[kSlots / 2];
+  if (!CountIntoBuckets<kSlots>(fine, n, selected, code_of, shift, limit, only_straddling,
+                                max_bucket, arrivals))
+    return false;
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) {
     const int slot = j * kThreads + static_cast<int>(threadIdx.x);
-    if (slot >= n) continue;
+    if (slot >= n || !(selected >> j & 1u)) continue;
     const uint64_t code = code_of(slot);
     const uint32_t arrival = arrivals[j / 2] >> (j % 2 * 16) & 0xFFFFu;
     placed[fine.Start(static_cast<uint32_t>(code >> shift)) + arrival] = code;

@@ -107,7 +107,8 @@ struct Shared {
   int32_t equal_taken;
   Span winners, kept;  // the winners' spans; the sampled path's kept candidates'
   uint32_t bucket_max, kept_bucket_max;
-  uint64_t row_landed;  // mbarrier: the staged row has landed (its phase flips each row)
+  uint32_t straddler_count;  // the flagged route's short list of the straddling bucket
+  uint64_t row_landed;       // mbarrier: the staged row has landed (its phase flips each row)
 };
 
 // Where the staged row starts in the dynamic shared memory, and the bytes it all takes.
@@ -444,17 +445,22 @@ __device__ __forceinline__ uint32_t SampleRank(int64_t width, int32_t k) {
 
 // Step 0's rank when `fine`: the `kept` candidates in s.list (their spans in s.kept) placed by
 // fine buckets of their (key descending, column ascending) code (merge_fine_buckets.cuh).
-// Sorted, ranks < taken are the output places. Unsorted, that code only decides the winners
-// (every place before the bucket that holds rank `taken` wins, so only that bucket is ranked;
-// its winners move to their ranks), which are then placed and ranked by (column ascending,
-// key descending): the same code with its halves swapped. Returns false, before it writes
-// anything, when a bucket that gets ranks is crowded (s.fine zero again).
-template <typename Values>
+// Sorted, ranks < taken are the output places. Unsorted, that code only decides the winners:
+// every candidate of a bucket ending by rank `taken` wins, and of the one bucket straddling it
+// those ranked below `taken`. Then the winners are placed and ranked by (column ascending, key
+// descending): the same code with its halves swapped. kFlagWinners: the winners are flagged
+// where they are (the straddling bucket's members ranked in a short list); else they are
+// placed by the first code, the straddling bucket ranked there, and placed again from there.
+// Returns false, before it writes anything, when a bucket that gets ranks is crowded (s.fine
+// zero again).
+template <typename Values, bool kFlagWinners>
 __device__ __forceinline__ bool RankByFineBuckets(Shared& s, int kept, int taken, int32_t k,
                                                   bool sorted,
                                                   typename Values::Bits* row_out_values,
                                                   int32_t* row_out_indices, int probe_stop) {
   const OrderCode code = CodeOver(s.kept, true, kept > 0);
+  const OrderCode column_code{false, code.key_bits, code.column_bits, code.key_max,
+                              code.column_min};
   const int code_bits = code.key_bits + code.column_bits;
   const int shift =
       code_bits > FineBuckets<kThreads>::kBits ? code_bits - FineBuckets<kThreads>::kBits : 0;
@@ -463,19 +469,91 @@ __device__ __forceinline__ bool RankByFineBuckets(Shared& s, int kept, int taken
   const uint32_t limit = static_cast<uint32_t>(taken);
   const auto bucket_of = [&](uint64_t c) { return static_cast<uint32_t>(c >> shift); };
   const auto code_of_slot = [&](int slot) { return code(s.list.keys[slot], s.list.columns[slot]); };
-  if (!PlaceByBucket<kListSlots>(s.fine, kept, code_of_slot, shift, limit, !sorted, kMaxBucket,
-                                 s.placed))
-    return false;
-  if (kProbe && probe_stop == 4) {
-    s.fine.Zero();
-    return true;
-  }
   const auto fill_empty = [&] {
     for (int slot = taken + threadIdx.x; slot < k; slot += kThreads) {
       row_out_indices[slot] = kEmptySlot;
       row_out_values[slot] = Values::kEmpty;
     }
   };
+  // The last step of both unsorted routes: the `taken` winners' column codes in placed[0,
+  // taken), grouped by bucket (s.fine holds their starts), ranked and written.
+  const auto write_by_column = [&](const uint64_t* placed) {
+#pragma unroll
+    for (int j = 0; j < kListItems; ++j) {
+      const uint32_t place = j * kThreads + threadIdx.x;
+      if (place >= limit) continue;
+      const uint64_t c = placed[place];
+      const uint32_t first = s.fine.Start(bucket_of(c));
+      const uint32_t rank = RankInBucket(placed, place, c, first, s.fine.End(bucket_of(c), taken));
+      row_out_indices[rank] = static_cast<int32_t>(code.column_min + (c >> code.key_bits));
+      row_out_values[rank] = Values::FromKey(code.key_max - static_cast<uint32_t>(c & key_mask()));
+    }
+    fill_empty();
+    __syncthreads();  // every rank read s.fine
+    s.fine.Zero();
+  };
+  if (kFlagWinners && !sorted) {
+    uint32_t arrivals[kListSlots / 2];  // unused: nothing is placed by this code
+    if (!CountIntoBuckets<kListSlots>(s.fine, kept, ~0u, code_of_slot, shift, limit, true,
+                                      kMaxBucket, arrivals))
+      return false;
+    if (kProbe && probe_stop == 4) {
+      s.fine.Zero();
+      return true;
+    }
+    //  Winners: the slots whose bucket ends by `limit`; the straddling bucket's members (at
+    //  most kMaxBucket) to a short list after the column placing's room, with their slots.
+    uint64_t* straddlers = s.placed + kMaxK;
+    uint64_t* straddler_slots = straddlers + kMaxBucket;
+    uint32_t won = 0, straddling = 0, straddle_first = 0;
+#pragma unroll 1  // few registers: the row's items are held for the fallback
+    for (int j = 0; j < kListSlots; ++j) {
+      const int slot = j * kThreads + static_cast<int>(threadIdx.x);
+      if (slot >= kept) continue;
+      const uint64_t c = code_of_slot(slot);
+      const uint32_t first = s.fine.Start(bucket_of(c)), end = s.fine.End(bucket_of(c), kept);
+      if (end <= limit) {
+        won |= 1u << j;
+      } else if (first < limit) {
+        straddling |= 1u << j;
+        straddle_first = first;  // one bucket straddles: the same for every member
+        const uint32_t at = atomicAdd(&s.straddler_count, 1u);
+        straddlers[at] = c;
+        straddler_slots[at] = static_cast<uint64_t>(slot);
+      }
+    }
+    __syncthreads();  // every start read, every straddler listed
+    s.fine.Zero();
+    const uint32_t straddler_count = s.straddler_count;
+#pragma unroll 1
+    for (int j = 0; j < kListSlots; ++j) {
+      if (!(straddling >> j & 1u)) continue;
+      const uint64_t slot = static_cast<uint64_t>(j * kThreads + threadIdx.x);
+      const uint64_t c = code_of_slot(static_cast<int>(slot));
+      uint32_t rank = straddle_first;
+      for (uint32_t q = 0; q < straddler_count; ++q) {
+        const uint64_t other = straddlers[q];
+        rank += other < c || (other == c && straddler_slots[q] < slot);
+      }
+      if (rank < limit) won |= 1u << j;
+    }
+    __syncthreads();  // s.fine zero before the column counts
+    const auto column_code_of_slot = [&](int slot) {
+      return column_code(s.list.keys[slot], s.list.columns[slot]);
+    };
+    if (!PlaceByBucket<kListSlots>(s.fine, kept, won, column_code_of_slot, shift, limit, false,
+                                   kMaxBucket, s.placed))
+      return false;
+    write_by_column(s.placed);
+    return true;
+  }
+  if (!PlaceByBucket<kListSlots>(s.fine, kept, ~0u, code_of_slot, shift, limit, !sorted, kMaxBucket,
+                                 s.placed))
+    return false;
+  if (kProbe && probe_stop == 4) {
+    s.fine.Zero();
+    return true;
+  }
   if (sorted) {
 #pragma unroll
     for (int j = 0; j < kListSlots; ++j) {
@@ -518,30 +596,17 @@ __device__ __forceinline__ bool RankByFineBuckets(Shared& s, int kept, int taken
     const uint64_t c = s.placed[place];
     return (c & column_mask()) << code.key_bits | c >> code.column_bits;
   };
-  if (!PlaceByBucket<kListItems>(s.fine, taken, column_code_of_place, shift, limit, false,
+  if (!PlaceByBucket<kListItems>(s.fine, taken, ~0u, column_code_of_place, shift, limit, false,
                                  kMaxBucket, s.placed_by_column))
     return false;
-#pragma unroll
-  for (int j = 0; j < kListItems; ++j) {
-    const uint32_t place = j * kThreads + threadIdx.x;
-    if (place >= limit) continue;
-    const uint64_t c = s.placed_by_column[place];
-    const uint32_t first = s.fine.Start(bucket_of(c));
-    const uint32_t rank =
-        RankInBucket(s.placed_by_column, place, c, first, s.fine.End(bucket_of(c), taken));
-    row_out_indices[rank] = static_cast<int32_t>(code.column_min + (c >> code.key_bits));
-    row_out_values[rank] = Values::FromKey(code.key_max - static_cast<uint32_t>(c & key_mask()));
-  }
-  fill_empty();
-  __syncthreads();  // every rank read s.fine
-  s.fine.Zero();
+  write_by_column(s.placed_by_column);
   return true;
 }
 
 // Step 0 (every thread calls it with block-uniform arguments): the sampled path of one row
 // held in keys / columns. Returns false, before it writes anything, when the row must take
 // steps 1-2 (s.hist zero again, the registers untouched).
-template <typename Values>
+template <typename Values, bool kFlagWinners>
 __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[kItems],
                                               const int32_t (&columns)[kItems],
                                               uint32_t sample_rank, int32_t k, bool sorted,
@@ -581,8 +646,8 @@ __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[
   __syncthreads();
   if (kProbe && probe_stop == 3) return true;
   if (fine)
-    return RankByFineBuckets<Values>(s, kept, taken, k, sorted, row_out_values, row_out_indices,
-                                     probe_stop);
+    return RankByFineBuckets<Values, kFlagWinners>(s, kept, taken, k, sorted, row_out_values,
+                                                   row_out_indices, probe_stop);
 
   // The kept candidates' order code (key descending, column ascending) and its buckets.
   const OrderCode code = CodeOver(s.kept, true, kept > 0);
@@ -697,13 +762,33 @@ __device__ __forceinline__ void LoadChunk(const Bits* values, const int32_t* col
   }
 }
 
-template <typename Values>
+// How the kernel runs (block-uniform; merge_topk.cu fills it in).
+struct Options {
+  bool vector_loads;   // the row's parts allow 16-byte loads from global memory
+  bool sampled, fine;  // step 0, ranked by fine buckets (else by 11-bit ones)
+  bool staged;         // the next row brought into shared memory by bulk copies
+  int lookahead;       // rows pulled into L2 ahead of the one staged (or, unstaged, loaded)
+  int probe_stop;      // the probe build: end the sampled path after phase N (0: never)
+  bool probe_no_copy;  // the probe build: stage the block's first row only, work on it each row
+};
+
+// kFlagWinners: unsorted output only, its fine rank flagging the winners (RankByFineBuckets):
+// an instance of its own, so that the other's registers are allotted as without it.
+template <typename Values, bool kFlagWinners>
 __global__ void __launch_bounds__(kThreads, 1)
     MergeInRegistersKernel(const typename Values::Bits* values, const int32_t* indices,
-                           int64_t rows, int64_t width, int32_t k, bool sorted, bool vector_loads,
-                           bool sampled, bool fine, bool staged, int probe_stop,
-                           typename Values::Bits* out_values, int32_t* out_indices) {
+                           int64_t rows, int64_t width, int32_t k, bool sorted_output,
+                           Options options, typename Values::Bits* out_values,
+                           int32_t* out_indices) {
   using Bits = typename Values::Bits;
+  const bool sorted = !kFlagWinners && sorted_output;
+  const bool vector_loads = options.vector_loads, sampled = options.sampled, fine = options.fine;
+  const bool staged = options.staged;
+  const int probe_stop = kProbe ? options.probe_stop : 0;
+  // Each row the block takes is copied in, unless the probe times the work alone.
+  const bool restage = !(kProbe && options.probe_no_copy);
+  const int lookahead = restage ? options.lookahead : 0;
+  const int64_t staged_ahead = staged ? 1 : 0;  // rows ahead already asked for by StageRow
   extern __shared__ __align__(16) unsigned char shared_bytes[];  // sizeof(Shared)
   Shared& s = *reinterpret_cast<Shared*>(shared_bytes);
   // The staged row (when `staged`): its values, then its columns, after s.
@@ -712,9 +797,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sample_rank = SampleRank(width, k);
   s.fine.Zero();  // s.hist with it
   const int64_t grid = gridDim.x;
-  if (staged && threadIdx.x == 0) {
-    InitBarrier(s.row_landed);
-    StageRow(s.row_landed, staged_values, values, indices, blockIdx.x, width);
+  const auto prefetch_row = [&](int64_t row) {
+    if (row >= rows) return;
+    PrefetchRange(values + row * width, width * sizeof(Bits));
+    PrefetchRange(indices + row * width, width * sizeof(int32_t));
+  };
+  if (threadIdx.x == 0) {
+    if (staged) {
+      InitBarrier(s.row_landed);
+      StageRow(s.row_landed, staged_values, values, indices, blockIdx.x, width);
+    }
+    // The rows that the loop's first iterations would otherwise leave out of the lookahead.
+    for (int ahead = 1; ahead < lookahead; ++ahead)
+      prefetch_row(blockIdx.x + (staged_ahead + ahead) * grid);
   }
   __syncthreads();
   // Block-uniform row loop: each block takes rows blockIdx.x, + grid, ...
@@ -724,13 +819,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       s.equal_taken = 0;
       s.winners.Reset(), s.kept.Reset();
       s.bucket_max = s.kept_bucket_max = 0;
-      const int64_t ahead = row + (staged ? 2 : 1) * grid;  // the next row not yet asked for
-      if (ahead < rows) {
-        PrefetchRange(values + ahead * width, width * sizeof(Bits));
-        PrefetchRange(indices + ahead * width, width * sizeof(int32_t));
-      }
+      s.straddler_count = 0;
+      if (lookahead > 0) prefetch_row(row + (staged_ahead + lookahead) * grid);
     }
-    if (staged) WaitForPhase(s.row_landed, static_cast<uint32_t>(visit & 1));
+    if (staged && (restage || visit == 0))
+      WaitForPhase(s.row_landed, static_cast<uint32_t>(visit & 1));
     // 1. The row: key 0 marks no candidate (column < 0, NaN, past the row); every other
     //    ordered key is > 0.
     const Bits* row_values = values + row * width;
@@ -764,15 +857,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     load_row(staged);
-    if (staged) {
+    if (staged && restage) {
       __syncthreads();  // every thread holds its items: the buffer takes the next row
       if (threadIdx.x == 0 && row + grid < rows)
         StageRow(s.row_landed, staged_values, values, indices, row + grid, width);
     }
     if (kProbe && probe_stop == 1) continue;
 
-    if (sampled && MergeBySample<Values>(s, keys, columns, sample_rank, k, sorted, fine,
-                                         out_values + row * k, out_indices + row * k, probe_stop)) {
+    if (sampled && MergeBySample<Values, kFlagWinners>(s, keys, columns, sample_rank, k, sorted,
+                                                       fine, out_values + row * k,
+                                                       out_indices + row * k, probe_stop)) {
       __syncthreads();  // the list's storage is the next row's
       continue;
     }

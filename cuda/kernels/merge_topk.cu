@@ -208,23 +208,43 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// Which of the register kernel's steps run. By default all three: the sampled cutoff, the
-// fine-bucket rank (benches/NOTES.md, helper merge-rank) and the staged row. Timing switch,
-// read at each launch (a fresh jit each, so one process times them all):
-// JAX_TOPK_MERGE_VARIANT=old (none), sampled (the cutoff, ranked by 11-bit buckets), staged
-// (that and the staged row: the sorted default before the fine rank), fine-unstaged (the
-// cutoff and the fine rank), for either order.
+// Which of the register kernel's steps run. By default: the sampled cutoff, the fine-bucket
+// rank (benches/NOTES.md, helper merge-rank) and the staged row. Timing switch, read at each
+// launch (a fresh jit each, so one process times them all): JAX_TOPK_MERGE_VARIANT=old (none),
+// sampled (the cutoff, ranked by 11-bit buckets), staged (that and the staged row: the sorted
+// default before the fine rank), fine-unstaged (the cutoff and the fine rank), fine (the
+// default's steps, unsorted winners placed twice), flag (unsorted winners flagged, placed once).
 struct RegisterVariant {
-  bool sampled, fine, staged;
+  bool sampled, fine, staged, flag_winners;
 };
+constexpr bool kFlagWinners = false;  // unsorted rows: winners flagged (helper merge-prefetch)
 RegisterVariant ChosenVariant() {
   const char* name = std::getenv("JAX_TOPK_MERGE_VARIANT");
   const std::string_view chosen = name == nullptr ? "" : name;
-  if (chosen == "old") return {false, false, false};
-  if (chosen == "sampled") return {true, false, false};
-  if (chosen == "staged") return {true, false, true};
-  if (chosen == "fine-unstaged") return {true, true, false};
-  return {true, true, true};
+  if (chosen == "old") return {false, false, false, false};
+  if (chosen == "sampled") return {true, false, false, false};
+  if (chosen == "staged") return {true, false, true, false};
+  if (chosen == "fine-unstaged") return {true, true, false, kFlagWinners};
+  if (chosen == "fine") return {true, true, true, false};
+  if (chosen == "flag") return {true, true, true, true};
+  return {true, true, true, kFlagWinners};
+}
+
+// Rows pulled into L2 ahead of the staged one (helper merge-prefetch's measurement).
+constexpr int kLookahead = 1;
+
+// The probe build's switches (merge_in_registers.cuh Options), from the environment:
+// JAX_TOPK_MERGE_PROBE_STOP=N ends the sampled path after phase N, JAX_TOPK_MERGE_LOOKAHEAD=L
+// pulls L rows ahead into L2, JAX_TOPK_MERGE_PROBE_NO_COPY=1 works on each block's first row
+// over and over (no copies: the work alone).
+void ReadProbeSwitches(merge_registers::Options& options) {
+  const auto number = [](const char* name, int otherwise) {
+    const char* text = std::getenv(name);
+    return text == nullptr || *text == 0 ? otherwise : std::atoi(text);
+  };
+  options.probe_stop = number("JAX_TOPK_MERGE_PROBE_STOP", 0);
+  options.lookahead = number("JAX_TOPK_MERGE_LOOKAHEAD", kLookahead);
+  options.probe_no_copy = number("JAX_TOPK_MERGE_PROBE_NO_COPY", 0) != 0;
 }
 
 // Allows `kernel` the most dynamic shared memory any of its launches asks for, once per
@@ -249,10 +269,14 @@ cudaError_t AllowSharedOnce(Kernel kernel, size_t bytes, std::atomic<uint64_t>& 
 template <typename Values>
 cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   using Bits = typename Values::Bits;
-  const auto kernel = merge_registers::MergeInRegistersKernel<Values>;
-  static std::atomic<uint64_t> allowed{0};
-  cudaError_t status = AllowSharedOnce(
-      kernel, merge_registers::SharedBytes<Bits>(true, merge_registers::kMaxWidth), allowed);
+  const RegisterVariant variant = ChosenVariant();
+  const bool flag_winners = variant.flag_winners && !p.sorted;
+  const auto kernel = flag_winners ? merge_registers::MergeInRegistersKernel<Values, true>
+                                   : merge_registers::MergeInRegistersKernel<Values, false>;
+  static std::atomic<uint64_t> allowed[2] = {0, 0};
+  cudaError_t status =
+      AllowSharedOnce(kernel, merge_registers::SharedBytes<Bits>(true, merge_registers::kMaxWidth),
+                      allowed[flag_winners]);
   if (status != cudaSuccess) return status;
   int device = 0;
   status = cudaGetDevice(&device);
@@ -264,20 +288,16 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   const bool vector_loads = p.width % merge_registers::kChunk == 0 &&
                             reinterpret_cast<uintptr_t>(p.values) % (4 * sizeof(Bits)) == 0 &&
                             reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  const RegisterVariant variant = ChosenVariant();
   const bool staged = variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.values) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
   const size_t shared_bytes = merge_registers::SharedBytes<Bits>(staged, p.width);
-  int probe_stop = 0;  // the probe build's phase timing (merge_in_registers.cuh)
-  if (merge_registers::kProbe) {
-    const char* stop = std::getenv("JAX_TOPK_MERGE_PROBE_STOP");
-    probe_stop = stop == nullptr ? 0 : std::atoi(stop);
-  }
+  merge_registers::Options options{
+      vector_loads, variant.sampled, variant.fine, staged, kLookahead, 0, false};
+  if (merge_registers::kProbe) ReadProbeSwitches(options);
   kernel<<<static_cast<unsigned>(grid), merge_registers::kThreads, shared_bytes, stream>>>(
-      static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted, vector_loads,
-      variant.sampled, variant.fine, staged, probe_stop, static_cast<Bits*>(p.out_values),
-      p.out_indices);
+      static_cast<const Bits*>(p.values), p.indices, p.rows, p.width, p.k, p.sorted, options,
+      static_cast<Bits*>(p.out_values), p.out_indices);
   return cudaGetLastError();
 }
 
