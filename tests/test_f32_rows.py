@@ -82,52 +82,68 @@ def test_sample_foolers_and_crowded_cutoffs(n):
                 same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 64, 132, 133])
-def test_same_bits_as_the_filtered_kernel(rows, monkeypatch):
+def check_against_the_kernel_off(switch, rows, n, monkeypatch):
+    """The kernel that `switch` (an environment variable, set to "always") forces on gives the
+    CPU handler's bits and the same bits as the kernels serving the call with it "off"."""
     rng = np.random.default_rng(rows)
-    scores = rng.standard_normal((rows, 32768)).astype(np.float32)
-    lengths = rng.integers(0, 32769, size=rows).astype(np.int32)
-    for k, sorted_ in ((2048, False), (2048, True), (200, True), (256, True), (257, True)):
+    scores = rng.standard_normal((rows, n)).astype(np.float32)
+    lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
+    for k, sorted_ in ((2048, False), (2048, True), (50, True), (256, True), (257, True)):
         mine = same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
-        monkeypatch.setenv("JAX_TOPK_F32_ROWS", "off")
+        monkeypatch.setenv(switch, "off")
         theirs = run_op("topk_filtered", "gpu", scores, lengths, k=k, sorted=sorted_)
-        monkeypatch.setenv("JAX_TOPK_F32_ROWS", "always")
+        monkeypatch.setenv(switch, "always")
         np.testing.assert_array_equal(mine, theirs)
 
 
-def test_page_table_and_num_valid_rows():
+def check_page_table_and_num_valid_rows(n):
     rng = np.random.default_rng(4)
-    rows, n, page = 8, 16384, 64
+    rows, page = 8, 64
     scores = rng.standard_normal((rows, n)).astype(np.float32)
     lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
     table = permuted_page_table(rng, rows, n // page)
     for valid in (8, 3, 0):
-        same_on_both(
-            "topk_filtered",
-            scores,
-            lengths,
-            k=512,
-            page_table=table,
-            page_size=page,
-            num_valid_rows=np.int32(valid),
-        )
+        for sorted_ in (False, True):
+            same_on_both(
+                "topk_filtered",
+                scores,
+                lengths,
+                k=512,
+                page_table=table,
+                page_size=page,
+                num_valid_rows=np.int32(valid),
+                sorted=sorted_,
+            )
 
 
-@pytest.mark.parametrize("family", ["normal", "heavy_ties", "signed_zeros", "denormals", "nan_mix"])
-def test_top_k_values(family):
+@pytest.mark.parametrize("rows", [1, 4, 64, 132, 133])
+def test_same_bits_as_the_filtered_kernel(rows, monkeypatch):
+    check_against_the_kernel_off("JAX_TOPK_F32_ROWS", rows, 32768, monkeypatch)
+
+
+def test_page_table_and_num_valid_rows():
+    check_page_table_and_num_valid_rows(16384)
+
+
+def check_top_k_values(family, shape, k):
     """top_k's values beside its indices, sorted and not, from the same kernel."""
     rng = np.random.default_rng(5)
-    operand = families.make(family, rng, (4, 30000), "float32")
+    operand = families.make(family, rng, shape, "float32")
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     for sorted_ in (True, False):
-        got = jax.jit(lambda x, s=sorted_: jax_topk.top_k(x, 2048, sorted=s))(
+        got = jax.jit(lambda x, s=sorted_: jax_topk.top_k(x, k, sorted=s))(
             jax.device_put(operand, gpu)
         )
-        want = jax.jit(lambda x, s=sorted_: jax_topk.top_k(x, 2048, sorted=s))(
+        want = jax.jit(lambda x, s=sorted_: jax_topk.top_k(x, k, sorted=s))(
             jax.device_put(operand, cpu)
         )
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("family", ["normal", "heavy_ties", "signed_zeros", "denormals", "nan_mix"])
+def test_top_k_values(family):
+    check_top_k_values(family, (4, 30000), 2048)
 
 
 def test_filtered_kernel_short_float32_rows_when_switched_off():

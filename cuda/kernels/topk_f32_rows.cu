@@ -21,9 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <cub/block/block_radix_sort.cuh>
-
 #include "common/topk_common.h"
+#include "kernels/f32_rows/register_row.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
 
@@ -36,19 +35,7 @@ constexpr int kMaxElemsPerThread = kF32RowsMaxWidth / kThreads;
 static_assert(kMaxElemsPerThread == 32, "one bit per element in a 32-bit mask");
 // The keys gathered for the exact digits: a row of at most this many valid keys needs no sample.
 constexpr int kCandidates = 4096;
-// Digits over the 32-bit key, most significant first: 11 + 11 + 10 bits.
-constexpr int kDigitBins = 2048;
 static_assert(kDigitBins == 2 * kThreads, "each thread owns two bins in the bin search");
-__host__ __device__ constexpr int DigitShift(int digit) {
-  return digit == 0 ? 21 : (digit == 1 ? 10 : 0);
-}
-__host__ __device__ constexpr uint32_t DigitMask(int digit) {
-  return digit < 2 ? 0x7FFu : 0x3FFu;
-}
-// Sorted output: the winners sorted in registers, two a thread.
-constexpr int kSortItems = 2;
-static_assert(kSortItems * kThreads >= kMaxK, "the sort holds every winner");
-using BlockSort = cub::BlockRadixSort<uint32_t, kThreads, kSortItems, int32_t>;
 
 struct Shared {
   // Each phase's space is dead before the next phase writes it (a barrier between them).
@@ -57,59 +44,14 @@ struct Shared {
       uint32_t hist[kDigitBins];
       uint32_t keys[kCandidates];
     } select;
-    struct {
-      int32_t columns[kMaxK];
-      uint32_t keys[kMaxK];
-    } staged;
-    BlockSort::TempStorage sort;
+    StagedWinners staged;
+    WinnerSort<kThreads>::TempStorage sort;
   };
   uint32_t warp_sums[kWarps];
   int gathered;    // keys appended to select.keys
   uint32_t bin;    // the bin search's answer: the bin holding the rank
   uint32_t above;  // and the keys in the bins above it
 };
-
-// The k-th key (rank-th largest of some keys) and how many keys equal to it are taken.
-struct Pivot {
-  uint32_t key;
-  int quota;
-};
-
-// A thread's slice of its row: key[i] is column first_column + i (0: NaN or past the length).
-template <int kElems>
-struct RowKeys {
-  uint32_t key[kElems];
-  int first_column;
-};
-
-__device__ __forceinline__ uint32_t KeyOf(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  return IsNanF32(bits) ? 0u : OrderedKeyF32(bits);
-}
-
-// Phase 1. Whole float4 loads where the row is 16-byte aligned and the vector lies before the
-// length; guarded scalar loads elsewhere.
-template <int kElems>
-__device__ __forceinline__ void LoadRow(const float* row_scores, int length, RowKeys<kElems>& row) {
-  row.first_column = static_cast<int>(threadIdx.x) * kElems;
-  const bool aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
-#pragma unroll
-  for (int v = 0; v < kElems / 4; ++v) {
-    const int column = row.first_column + 4 * v;
-    if (aligned && column + 4 <= length) {
-      const float4 four = __ldg(reinterpret_cast<const float4*>(row_scores + column));
-      row.key[4 * v] = KeyOf(four.x);
-      row.key[4 * v + 1] = KeyOf(four.y);
-      row.key[4 * v + 2] = KeyOf(four.z);
-      row.key[4 * v + 3] = KeyOf(four.w);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        row.key[4 * v + i] = column + i < length ? KeyOf(__ldg(row_scores + column + i)) : 0u;
-      }
-    }
-  }
-}
 
 // One digit of a radix select: finds the bin (from the top) holding the rank-th key of
 // hist[0, kDigitBins). Thread t owns bins 2047 - 2t and 2046 - 2t, so thread order is descending
@@ -207,103 +149,15 @@ __device__ __forceinline__ Pivot FindPivot(Shared& s, const RowKeys<kElems>& row
 template <int kElems>
 __device__ __forceinline__ void StageWinners(Shared& s, const RowKeys<kElems>& row,
                                              const Pivot& pivot) {
-  uint32_t greater = 0;
-  uint32_t equal = 0;
-#pragma unroll
-  for (int i = 0; i < kElems; ++i) {
-    greater |= static_cast<uint32_t>(row.key[i] > pivot.key) << i;
-    equal |= static_cast<uint32_t>(row.key[i] == pivot.key && row.key[i] != 0) << i;
-  }
-  const int equal_count = __popc(equal);
-  // Greater keys < k <= 2^11 and equal keys <= kF32RowsMaxWidth = 2^15: one int holds both sums.
-  const uint32_t packed = (static_cast<uint32_t>(__popc(greater)) << 16) | equal_count;
+  const WinnerMasks masks = WinnerMasksOf(row, pivot);
   uint32_t total;
-  const uint32_t before = BlockExclusiveSum(s.warp_sums, packed, total);
-  const int equal_before = static_cast<int>(before & 0xFFFF);
-  int position = static_cast<int>(before >> 16) + min(equal_before, pivot.quota);
-  int equal_to_take = max(0, min(equal_count, pivot.quota - equal_before));
-  uint32_t take = greater;
-  for (uint32_t rest = equal; equal_to_take > 0; --equal_to_take) {
-    take |= rest & (0u - rest);  // the lowest remaining equal column
-    rest &= rest - 1;
-  }
-#pragma unroll
-  for (int i = 0; i < kElems; ++i) {
-    if (take & (1u << i)) {
-      s.staged.columns[position] = row.first_column + i;
-      s.staged.keys[position] = row.key[i];
-      ++position;
-    }
-  }
+  const uint32_t before = BlockExclusiveSum(s.warp_sums, PackedCounts(masks), total);
+  ForEachTaken(row, TakeWinners(masks, before, pivot.quota),
+               [&](int position, int32_t column, uint32_t key) {
+                 s.staged.columns[position] = column;
+                 s.staged.keys[position] = key;
+               });
   __syncthreads();
-}
-
-// The slot of each of the `selected` staged winners in rank order, and the empty slots, when
-// few enough are staged that each winner counts the ones ranked before it (one thread a winner:
-// broadcast reads of the staged keys, no sort).
-constexpr int kMaxRankedByCount = 256;
-
-// Phase 4, the store: `selected` staged winners into the row's k slots, page-transformed, padded
-// with kEmptySlot (-inf values); sorted: value descending, then column ascending.
-template <bool kSorted>
-__device__ __forceinline__ void StoreWinners(Shared& s, const TopkProblem& problem, int64_t row,
-                                             int selected) {
-  const int k = problem.k;
-  int32_t* row_out = problem.out + row * k;
-  uint32_t* row_values =
-      problem.values != nullptr ? static_cast<uint32_t*>(problem.values) + row * k : nullptr;
-  const int32_t* table_row = PageTableRow(problem, row);
-  const auto store = [&](int slot, int32_t column, uint32_t key) {
-    row_out[slot] = PageTransform(column, table_row, problem.log2_page_size);
-    if (row_values != nullptr) row_values[slot] = BitsFromOrderedKeyF32(key);
-  };
-  const auto store_empty = [&](int slot) {
-    row_out[slot] = kEmptySlot;
-    if (row_values != nullptr) row_values[slot] = kNegInfF32Bits;
-  };
-  if (!kSorted || selected <= kMaxRankedByCount) {
-    for (int slot = threadIdx.x; slot < k; slot += kThreads) {
-      if (slot >= selected) {
-        store_empty(slot);
-      } else if (!kSorted) {
-        store(slot, s.staged.columns[slot], s.staged.keys[slot]);
-      } else {
-        // Staged order is column order: ties rank the lower column first.
-        const uint32_t key = s.staged.keys[slot];
-        int rank = 0;
-        for (int j = 0; j < selected; ++j) {
-          const uint32_t other = s.staged.keys[j];
-          rank += other > key || (other == key && j < slot);
-        }
-        store(rank, s.staged.columns[slot], key);
-      }
-    }
-    return;
-  }
-  if constexpr (kSorted) {
-    // Blocked order = staged (ascending column) order and the sort is stable, so ties keep
-    // ascending columns; padding keys (0) sort after every real key.
-    uint32_t keys[kSortItems];
-    int32_t columns[kSortItems];
-#pragma unroll
-    for (int i = 0; i < kSortItems; ++i) {
-      const int slot = threadIdx.x * kSortItems + i;
-      keys[i] = slot < selected ? s.staged.keys[slot] : 0u;
-      columns[i] = slot < selected ? s.staged.columns[slot] : kEmptySlot;
-    }
-    __syncthreads();
-    BlockSort(s.sort).SortDescendingBlockedToStriped(keys, columns);
-#pragma unroll
-    for (int i = 0; i < kSortItems; ++i) {
-      const int slot = i * kThreads + threadIdx.x;
-      if (slot >= k) continue;
-      if (slot < selected) {
-        store(slot, columns[i], keys[i]);
-      } else {
-        store_empty(slot);
-      }
-    }
-  }
 }
 
 template <int kElems, bool kSorted>
@@ -311,15 +165,17 @@ __global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProbl
   __shared__ Shared s;
   const int64_t row = blockIdx.x;
   const int k = problem.k;
+  const RowOutput output(problem, row);
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
-    StoreWinners<false>(s, problem, row, 0);
+    StoreStagedWinners<kThreads, false>(s.staged, s.sort, output, k, 0);
     return;
   }
   const int length =
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
                                                   : problem.width);
   RowKeys<kElems> keys;
-  LoadRow(static_cast<const float*>(problem.scores) + row * problem.width, length, keys);
+  LoadRow(static_cast<const float*>(problem.scores) + row * problem.width,
+          static_cast<int>(threadIdx.x) * kElems, length, keys);
 
   // Valid keys (<= 2^15) and valid sampled keys, summed in one int.
   uint32_t counts = 0;
@@ -335,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProbl
   // At most k valid keys: all of them (every key > 0).
   const Pivot pivot = valid <= k ? Pivot{0, 0} : FindPivot(s, keys, k, valid, sampled);
   StageWinners(s, keys, pivot);
-  StoreWinners<kSorted>(s, problem, row, min(valid, k));
+  StoreStagedWinners<kThreads, kSorted>(s.staged, s.sort, output, k, min(valid, k));
 }
 
 template <int kElems>

@@ -13,7 +13,8 @@
 // Modes (launch_plan.cuh picks): a queue of rows for a pool of workers (queue_worker.cuh), or a
 // thread block cluster per row whose blocks add up their histograms (cluster_split.cuh).
 // Traffic: the sample (<= 1/8 of the row) + one read. Limits: width < 2^31, k <= kMaxK.
-// Few float32 rows of at most kF32RowsMaxWidth columns go to topk_f32_rows.cu instead.
+// Few float32 rows of at most kF32ClusterMaxWidth columns go to topk_f32_cluster.cu instead, and
+// some more rows of at most kF32RowsMaxWidth columns to topk_f32_rows.cu.
 #include <climits>
 
 #include "common/topk_problem.h"
@@ -32,6 +33,7 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   }
   switch (problem.score_type) {
     case ScoreType::kFloat32:
+      if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
       if (TopkF32RowsServes(problem)) return LaunchTopkF32Rows(problem, stream);
       return LaunchFilteredFloat32Rows(problem, workspace, workspace_bytes, stream);
     case ScoreType::kBfloat16:

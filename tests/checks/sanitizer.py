@@ -2,10 +2,12 @@
 indexer's), small enough to run under compute-sanitizer
 (`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu; `... sanitizer merge` runs
 merge_topk's alone, `... sanitizer filtered16` the filtered kernel's 16-bit rows alone, `...
-sanitizer f32rows` the register kernel for few float32 rows alone): checks
+sanitizer f32rows` the register kernel for few float32 rows alone, `... sanitizer f32cluster`
+the cluster kernel for few float32 rows alone): checks
 the result against the CPU handler too, bit for bit (the indexer's logits within the SPEC's
 bound of it)."""
 
+import contextlib
 import os
 import sys
 
@@ -144,11 +146,40 @@ def _f32_rows_cases(gpu, cpu, rng):
         (rng.standard_normal((5, 8191), np.float32), 2048),
     ]
     # Forced on (read at each launch): its default takes only some of these shapes.
-    os.environ["JAX_TOPK_F32_ROWS"] = "always"
-    try:
+    with _environment(JAX_TOPK_F32_ROWS="always"):
         _top_k_matches(gpu, cpu, rng, cases)
+
+
+def _f32_cluster_cases(gpu, cpu, rng):
+    """The cluster kernel for few float32 rows of <= 262144 columns, at both cluster sizes:
+    slices past the row's end, unaligned rows, ties across its blocks, NaN and signed zeros,
+    sorted output (by count and by the block sort) and values, more rows than one wave."""
+    crowded = rng.standard_normal((3, 152064), np.float32) * 0.01
+    crowded[:, ::7] = 0.5
+    nan_zero = _nan_and_zero_rows(rng, 4, 100_003).astype(np.float32)
+    cases = [
+        (rng.standard_normal((2, 262144), np.float32), 2048),
+        (rng.standard_normal((1, 152064), np.float32), 50),
+        (crowded, 2048),
+        (np.full((2, 32768), -3.0, np.float32), 2048),
+        (_periodic_rows(rng, 3, 32767), 300),
+        (nan_zero, 512),
+        (rng.standard_normal((20, 5001), np.float32), 2048),
+    ]
+    for parts in ("16", "8"):
+        with _environment(JAX_TOPK_F32_CLUSTER="always", JAX_TOPK_F32_CLUSTER_PARTS=parts):
+            _top_k_matches(gpu, cpu, rng, cases if parts == "16" else cases[2:])
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    """The kernels' switches set for a block (read at each launch), then unset."""
+    os.environ.update(values)
+    try:
+        yield
     finally:
-        del os.environ["JAX_TOPK_F32_ROWS"]
+        for name in values:
+            del os.environ[name]
 
 
 def main():
@@ -162,7 +193,12 @@ def main():
         _f32_rows_cases(gpu, cpu, rng)
         print("sanitizer cases (float32 register rows): ok")
         return
+    if sys.argv[1:] == ["f32cluster"]:  # the cluster kernel for few float32 rows alone
+        _f32_cluster_cases(gpu, cpu, rng)
+        print("sanitizer cases (float32 cluster rows): ok")
+        return
     _f32_rows_cases(gpu, cpu, rng)
+    _f32_cluster_cases(gpu, cpu, rng)
     _merge_cases(gpu, cpu, rng)
     if sys.argv[1:] == ["merge"]:  # merge_topk's kernels alone
         print("sanitizer cases (merge_topk): ok")

@@ -1,0 +1,233 @@
+// The pieces the two float32 register kernels share: topk_f32_rows.cu (a block a row) and
+// topk_f32_cluster.cu (a thread block cluster a row). Both hold a thread's contiguous columns as
+// ordered keys in registers, find the k-th key by 11+11+10-bit radix digits, and take the
+// winners by (greater, equal) masks against it, ties to the lowest columns.
+//
+// Contract: device code only. RowOutput and the per-thread helpers touch no shared memory;
+// StoreStagedWinners is called by every thread of one block (one barrier when sorting).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <cub/block/block_radix_sort.cuh>
+
+#include "common/topk_common.h"
+
+namespace jax_topk {
+namespace {
+
+// Digits over the 32-bit key, most significant first: 11 + 11 + 10 bits.
+constexpr int kDigits = 3;
+constexpr int kDigitBins = 2048;
+__host__ __device__ constexpr int DigitShift(int digit) {
+  return digit == 0 ? 21 : (digit == 1 ? 10 : 0);
+}
+__host__ __device__ constexpr uint32_t DigitMask(int digit) {
+  return digit < 2 ? 0x7FFu : 0x3FFu;
+}
+
+// The k-th key (rank-th largest of some keys) and how many keys equal to it are taken.
+struct Pivot {
+  uint32_t key;
+  int quota;
+};
+
+// A thread's slice of its row: key[i] is column first_column + i (0: NaN or past the end).
+template <int kElems>
+struct RowKeys {
+  uint32_t key[kElems];
+  int first_column;
+};
+
+// NaN -> 0, below every real key (-inf's is 0x007FFFFF), like a column past the length.
+__device__ __forceinline__ uint32_t KeyOf(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  return IsNanF32(bits) ? 0u : OrderedKeyF32(bits);
+}
+
+// Loads columns [first_column, first_column + kElems) of a row, keys at or past `end` 0.
+// first_column is a multiple of 4. Every load is issued before any key is made, so they are all
+// in flight at once (a load under a branch would wait for the one before it): whole float4 loads
+// where the row is 16-byte aligned and the slice lies before `end`, else scalar loads of clamped
+// columns.
+template <int kElems>
+__device__ __forceinline__ void LoadRow(const float* row_scores, int first_column, int end,
+                                        RowKeys<kElems>& row) {
+  static_assert(kElems % 4 == 0, "whole float4 vectors");
+  row.first_column = first_column;
+  const bool aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
+  if (first_column >= end) {
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) row.key[i] = 0;
+  } else if (aligned && first_column + kElems <= end) {
+    float4 four[kElems / 4];
+#pragma unroll
+    for (int v = 0; v < kElems / 4; ++v) {
+      four[v] = __ldg(reinterpret_cast<const float4*>(row_scores + first_column) + v);
+    }
+#pragma unroll
+    for (int v = 0; v < kElems / 4; ++v) {
+      row.key[4 * v] = KeyOf(four[v].x);
+      row.key[4 * v + 1] = KeyOf(four[v].y);
+      row.key[4 * v + 2] = KeyOf(four[v].z);
+      row.key[4 * v + 3] = KeyOf(four[v].w);
+    }
+  } else {
+    float values[kElems];
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) values[i] = __ldg(row_scores + min(first_column + i, end - 1));
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) row.key[i] = first_column + i < end ? KeyOf(values[i]) : 0u;
+  }
+}
+
+// A thread's keys against the pivot, bit i for key[i]: greater (> pivot) and equal (== pivot,
+// a real key). A pivot of {0, 0} takes every real key.
+struct WinnerMasks {
+  uint32_t greater;
+  uint32_t equal;
+};
+
+template <int kElems>
+__device__ __forceinline__ WinnerMasks WinnerMasksOf(const RowKeys<kElems>& row,
+                                                     const Pivot& pivot) {
+  static_assert(kElems <= 32, "one bit per key in a 32-bit mask");
+  WinnerMasks masks{0, 0};
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    masks.greater |= static_cast<uint32_t>(row.key[i] > pivot.key) << i;
+    masks.equal |= static_cast<uint32_t>(row.key[i] == pivot.key && row.key[i] != 0) << i;
+  }
+  return masks;
+}
+
+// Greater keys < k <= 2^11 and equal keys < 2^16 a block: one word holds both counts, so one
+// block scan places both.
+__device__ __forceinline__ uint32_t PackedCounts(const WinnerMasks& masks) {
+  return (static_cast<uint32_t>(__popc(masks.greater)) << 16) | __popc(masks.equal);
+}
+
+// A thread's winners, given the block's exclusive scan of PackedCounts (`before`) and the ties
+// `quota` left to the block: its first output position (from the block's first) and its mask.
+struct TakenKeys {
+  int position;
+  uint32_t take;
+};
+
+__device__ __forceinline__ TakenKeys TakeWinners(const WinnerMasks& masks, uint32_t before,
+                                                 int quota) {
+  const int equal_before = static_cast<int>(before & 0xFFFF);
+  const int position = static_cast<int>(before >> 16) + min(equal_before, quota);
+  int equal_to_take = max(0, min(__popc(masks.equal), quota - equal_before));
+  uint32_t take = masks.greater;
+  for (uint32_t rest = masks.equal; equal_to_take > 0; --equal_to_take) {
+    take |= rest & (0u - rest);  // the lowest remaining equal column
+    rest &= rest - 1;
+  }
+  return {position, take};
+}
+
+// Calls visit(position, column, key) for each taken key, in column order from `position`.
+template <int kElems, class Visit>
+__device__ __forceinline__ void ForEachTaken(const RowKeys<kElems>& row, TakenKeys taken,
+                                             const Visit& visit) {
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    if (taken.take & (1u << i)) visit(taken.position++, row.first_column + i, row.key[i]);
+  }
+}
+
+// Where row `row`'s k slots go: indices page-transformed, values (when asked) as float32 bits.
+struct RowOutput {
+  int32_t* indices;
+  uint32_t* values;
+  const int32_t* table_row;
+  int32_t log2_page_size;
+
+  __device__ __forceinline__ RowOutput(const TopkProblem& problem, int64_t row)
+      : indices(problem.out + row * problem.k),
+        values(problem.values != nullptr ? static_cast<uint32_t*>(problem.values) + row * problem.k
+                                         : nullptr),
+        table_row(PageTableRow(problem, row)),
+        log2_page_size(problem.log2_page_size) {}
+
+  __device__ __forceinline__ void Store(int slot, int32_t column, uint32_t key) const {
+    indices[slot] = PageTransform(column, table_row, log2_page_size);
+    if (values != nullptr) values[slot] = BitsFromOrderedKeyF32(key);
+  }
+  __device__ __forceinline__ void StoreEmpty(int slot) const {
+    indices[slot] = kEmptySlot;
+    if (values != nullptr) values[slot] = kNegInfF32Bits;
+  }
+};
+
+// Winners staged in shared memory in ascending column order, for a block to store.
+struct StagedWinners {
+  int32_t columns[kMaxK];
+  uint32_t keys[kMaxK];
+};
+
+// Sorted output of more than kMaxRankedByCount winners: a stable block radix sort, kMaxK keys.
+template <int kThreads>
+using WinnerSort = cub::BlockRadixSort<uint32_t, kThreads, kMaxK / kThreads, int32_t>;
+
+// At most this many winners are ranked by counting: each winner counts the staged ones ranked
+// before it (one thread a winner, broadcast reads of the staged keys, no sort).
+constexpr int kMaxRankedByCount = 256;
+
+// The `selected` staged winners into the row's k slots, padded with kEmptySlot (-inf values);
+// sorted: value descending, then column ascending. Every thread of the block calls it.
+template <int kThreads, bool kSorted>
+__device__ __forceinline__ void StoreStagedWinners(const StagedWinners& staged,
+                                                   typename WinnerSort<kThreads>::TempStorage& sort,
+                                                   const RowOutput& output, int k, int selected) {
+  if (!kSorted || selected <= kMaxRankedByCount) {
+    for (int slot = threadIdx.x; slot < k; slot += kThreads) {
+      if (slot >= selected) {
+        output.StoreEmpty(slot);
+      } else if (!kSorted) {
+        output.Store(slot, staged.columns[slot], staged.keys[slot]);
+      } else {
+        // Staged order is column order: ties rank the lower column first.
+        const uint32_t key = staged.keys[slot];
+        int rank = 0;
+        for (int j = 0; j < selected; ++j) {
+          const uint32_t other = staged.keys[j];
+          rank += other > key || (other == key && j < slot);
+        }
+        output.Store(rank, staged.columns[slot], key);
+      }
+    }
+    return;
+  }
+  if constexpr (kSorted) {
+    // Blocked order = staged (ascending column) order and the sort is stable, so ties keep
+    // ascending columns; padding keys (0) sort after every real key.
+    constexpr int kItems = kMaxK / kThreads;
+    uint32_t keys[kItems];
+    int32_t columns[kItems];
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int slot = threadIdx.x * kItems + i;
+      keys[i] = slot < selected ? staged.keys[slot] : 0u;
+      columns[i] = slot < selected ? staged.columns[slot] : kEmptySlot;
+    }
+    __syncthreads();  // the sort's storage may share the staged winners' space
+    WinnerSort<kThreads>(sort).SortDescendingBlockedToStriped(keys, columns);
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int slot = i * kThreads + threadIdx.x;
+      if (slot >= k) continue;
+      if (slot < selected) {
+        output.Store(slot, columns[i], keys[i]);
+      } else {
+        output.StoreEmpty(slot);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace jax_topk

@@ -1,0 +1,102 @@
+"""GPU-only: the cluster kernel for few float32 rows of at most 262144 columns
+(cuda/kernels/topk_f32_cluster.cu, a thread block cluster a row, which topk_filtered and top_k
+take for few rows) against the CPU handler bit for bit: every value family at widths around its
+slice sizes and both cluster sizes, ties that cross its blocks, rows that fool a sample, page
+tables, num_valid_rows, sorted output (ranked by count and by the block sort) and values. Every
+test here forces it on (JAX_TOPK_F32_CLUSTER=always, read at each launch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support import families
+from tests.support.operators import gpu_devices
+from tests.test_f32_rows import (
+    check_against_the_kernel_off,
+    check_page_table_and_num_valid_rows,
+    check_top_k_values,
+    crowded_rows,
+    same_on_both,
+)
+from tests.test_gpu_stress import one_coarse_bin, sample_foolers
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX"),
+]
+
+
+@pytest.fixture(autouse=True)
+def cluster_kernel_always(monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "always")
+
+
+# With 16 blocks a row: slices of 4, 8, 16, 24 and 32 columns a thread, at and past each
+# boundary; unaligned widths (not a multiple of 4) among them.
+WIDTHS = [5, 2049, 32768, 32771, 65540, 100003, 131072, 152064, 196612, 262144]
+# With 8 blocks a row (at most 131072 columns).
+WIDTHS_EIGHT = [3, 16384, 16389, 65536, 98311, 131072]
+
+
+def cross_block_ties(rng, rows, n):
+    """The k-th value repeated across every block's slice (a tie quota split between blocks),
+    a few larger values scattered, and rows whose ties start only in the last blocks."""
+    out = rng.standard_normal((rows, n)).astype(np.float32) * 0.01 - 1.0
+    out[0::2, rng.integers(0, n, size=min(n, 1000))] = 0.25
+    out[0::2, rng.integers(0, n, size=50)] = 3.0
+    out[1::2, n // 2 :] = 0.25
+    return out
+
+
+def check_families(n, k, rows=6):
+    rng = np.random.default_rng(n * 7 + k)
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (rows, n), "float32")
+        lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+        lengths[:4] = [n, k - 1, k, k + 1]
+        for sorted_ in (False, True):
+            same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+@pytest.mark.parametrize("k", [1, 2047, 2048])
+def test_families(n, k):
+    check_families(n, k)
+
+
+@pytest.mark.parametrize("n", WIDTHS_EIGHT)
+@pytest.mark.parametrize("k", [1, 2048])
+def test_families_eight_blocks(n, k, monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", "8")
+    check_families(n, k)
+
+
+@pytest.mark.parametrize("n", [4097, 32768, 152064])
+@pytest.mark.parametrize("parts", ["8", "16"])
+def test_sample_foolers_and_ties_across_blocks(n, parts, monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", parts)
+    rng = np.random.default_rng(n)
+    for make in (sample_foolers, one_coarse_bin, crowded_rows, cross_block_ties):
+        scores = make(rng, 12, n)
+        lengths = np.full(12, n, np.int32)
+        lengths[1::3] = rng.integers(0, n + 1, size=len(lengths[1::3]))
+        for k in (50, 2048):
+            for sorted_ in (False, True):
+                same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8, 9, 17, 133])
+def test_same_bits_as_the_kernels_it_replaces(rows, monkeypatch):
+    """Row counts past one wave of clusters too."""
+    check_against_the_kernel_off("JAX_TOPK_F32_CLUSTER", rows, 131072, monkeypatch)
+
+
+def test_page_table_and_num_valid_rows():
+    check_page_table_and_num_valid_rows(65536)
+
+
+@pytest.mark.parametrize("family", ["normal", "heavy_ties", "signed_zeros", "denormals", "nan_mix"])
+@pytest.mark.parametrize("shape, k", [((1, 152064), 50), ((4, 30000), 2048)])
+def test_top_k_values(family, shape, k):
+    check_top_k_values(family, shape, k)
