@@ -25,6 +25,7 @@
 #include <mutex>
 
 #include "common/topk_common.h"
+#include "kernels/cluster_launch.cuh"
 #include "kernels/f32_rows/register_row.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
@@ -284,18 +285,8 @@ constexpr int kSharedBytes = static_cast<int>(sizeof(ClusterShared));
 
 cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, int shared_bytes, cudaStream_t stream,
                                  cudaLaunchAttribute& attribute) {
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned int>(parts);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned int>(grid));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
+  return ClusterLaunchConfig(grid, parts, kThreads, static_cast<size_t>(shared_bytes), stream,
+                             attribute);
 }
 
 // What the host plans a launch by, for one device: its SMs, and how many clusters of 8 and of 16

@@ -8,6 +8,7 @@
 // names it) and per device.
 #pragma once
 
+#include "kernels/cluster_launch.cuh"
 #include "kernels/filtered/layout.cuh"
 
 namespace jax_topk {
@@ -72,18 +73,8 @@ WorkspacePlan PlanWorkspace(int64_t rows, int parts, int pool, size_t workspace_
 // The cluster's launch configuration for `parts` blocks per row.
 cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, size_t shared_bytes, cudaStream_t stream,
                                  cudaLaunchAttribute& attribute) {
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned int>(parts);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned int>(grid));
-  config.blockDim = dim3(kThreadsPerBlock);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
+  return ClusterLaunchConfig(grid, parts, kThreadsPerBlock, static_cast<size_t>(shared_bytes),
+                             stream, attribute);
 }
 
 // The dynamic shared memory of a split block that has its SM alone: just over half an SM's
