@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call for the 16-bit filtered-kernel work (benches/NOTES.md "bf16-pass", "bf16-bin0"):
-# a probe build (old and new paths behind runtime switches), the GPU tests of top_k, the value
-# families, the contract and the stress file, memcheck on 16-bit rows, then the new families'
-# route counts, phase stamps and old-vs-new timings. Logs in $OUT.
+# One device call for filtered-kernel work (benches/NOTES.md "bf16-pass", "bf16-bin0", "queue
+# lead"): a probe build (old and new paths behind runtime switches), the GPU tests of top_k, the
+# value families, the contract and the stress file (TESTS: others), memcheck on 16-bit rows, then
+# the new families' route counts, phase stamps and old-vs-new timings. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/filtered_phases}
@@ -16,9 +16,11 @@ python3 -m pip install -v --no-build-isolation --no-deps -e . -C build-dir=/tmp/
 grep -E "registers|spill" "$out/build.log" | sort | uniq -c | sort -rn | head -30 >"$out/ptxas.txt"
 echo "built in $(($(date +%s) - start)) s"
 (
-  timeout "${TEST_LIMIT_S:-110}" python3 -m pytest -m gpu -q -n 10 tests/test_top_k.py \
-    tests/test_adversarial.py tests/test_contract.py tests/test_gpu_stress.py >"$out/pytest.log" 2>&1
-  echo "pytest (top_k, adversarial, contract, gpu_stress) rc=$?" >>"$out/pytest.log"
+  # shellcheck disable=SC2086
+  timeout "${TEST_LIMIT_S:-110}" python3 -m pytest -m gpu -q -n 10 -p no:cacheprovider \
+    ${TESTS:-tests/test_top_k.py tests/test_adversarial.py tests/test_contract.py tests/test_gpu_stress.py} \
+    >"$out/pytest.log" 2>&1
+  echo "pytest (${TESTS:-top_k, adversarial, contract, gpu_stress}) rc=$?" >>"$out/pytest.log"
 ) &
 (
   timeout "${TEST_LIMIT_S:-110}" compute-sanitizer --tool memcheck --error-exitcode 9 \

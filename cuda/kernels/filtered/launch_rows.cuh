@@ -104,13 +104,17 @@ cudaError_t LaunchRowsOf(const TopkProblem& problem, void* workspace, size_t wor
     status = cudaLaunchKernelEx(&config, split_kernel_of_type, launch);
     return status != cudaSuccess ? status : cudaGetLastError();
   }
-  // The one reset of the queue's counter. The workspace is an XLA output buffer whose contents
-  // are undefined on entry: XLA may hand this launch any buffer, or one another op has written
-  // since the last launch, so a kernel that zeroed the counter on its way out would leave the
-  // next launch nothing to rely on. A memset on the stream before each launch is the only reset
-  // that holds (and costs one 8-byte write, captured in a CUDA graph like the launch).
-  status = cudaMemsetAsync(workspace, 0, kCounterBytes, stream);
-  if (status != cudaSuccess) return status;
+  // The one reset of the queue's counter, for a launch with fewer blocks than rows (with a block
+  // for every row, block b takes row b and no counter is read: RunQueueWorker). The workspace is
+  // an XLA output buffer whose contents are undefined on entry: XLA may hand this launch any
+  // buffer, or one another op has written since the last launch, so a kernel that zeroed the
+  // counter on its way out would leave the next launch nothing to rely on. A memset on the
+  // stream before each launch is the only reset that holds (one 8-byte write, captured in a
+  // CUDA graph like the launch, but a node of its own).
+  if (plan.grid < problem.rows) {
+    status = cudaMemsetAsync(workspace, 0, kCounterBytes, stream);
+    if (status != cudaSuccess) return status;
+  }
   queue_kernel_of_type<<<static_cast<unsigned int>(plan.grid), kThreadsPerBlock, shared_bytes,
                          stream>>>(launch);
   return cudaGetLastError();
