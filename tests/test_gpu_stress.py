@@ -186,6 +186,35 @@ def test_filtered_whole_rows_with_masked_rows():
         assert (out[max(valid, 0) :] == -1).all()
 
 
+# A queue launch with a block for every row (rows <= the pool of 2 x SMs: 200 on an H200, and
+# few rows kept off the cluster split by JAX_TOPK_FILTERED_SPLIT=off, read at each launch) takes
+# row b in block b with no counter: every family, masked rows, each dtype, top_k's values.
+@pytest.mark.parametrize("rows, split", [(200, "on"), (5, "off"), (1, "off")])
+def test_filtered_a_block_a_row(rows, split, monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_FILTERED_SPLIT", split)
+    rng = np.random.default_rng(56 + rows)
+    n = 20_011
+    for dtype in ("float32", "bfloat16", "float16"):
+        for family in sorted(families.FAMILIES):
+            scores = families.make(family, rng, (rows, n), dtype)
+            lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+            for sorted_ in (False, True):
+                assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
+        operand = families.make("normal", rng, (rows, n), dtype)
+        lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
+        gpu = top_k_on("gpu", operand, 50, lengths, True)
+        cpu = top_k_on("cpu", operand, 50, lengths, True)
+        for got, want in zip(gpu, cpu, strict=True):
+            bits = f"u{got.itemsize}"
+            np.testing.assert_array_equal(got.view(bits), want.view(bits))
+    scores = rng.standard_normal((rows, n)).astype(np.float32)
+    lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
+    out = assert_same_on_both(
+        "topk_filtered", scores, lengths, k=512, num_valid_rows=np.int32(rows // 2)
+    )
+    assert (out[rows // 2 :] == -1).all()
+
+
 # On an H200 (132 SMs) 6 x 100003 runs one block an SM (up to 192 KB of scores an SM), and
 # 40 x 200003 two blocks an SM.
 @pytest.mark.parametrize("rows, n", [(6, 100_003), (40, 200_003)])

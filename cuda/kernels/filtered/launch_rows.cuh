@@ -8,6 +8,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+
 #include "common/topk_filtered_workspace.h"
 #include "common/topk_problem.h"
 #include "kernels/filtered/cluster_split.cuh"
@@ -70,7 +72,11 @@ cudaError_t LaunchRowsOf(const TopkProblem& problem, void* workspace, size_t wor
   // of at most kSharedCandidates columns are done by one block either way).
   WorkspacePlan plan = PlanWorkspace(problem.rows, 1, pool, workspace_bytes);
   bool spread = false;
-  if (problem.rows * 2 <= pool && problem.width > kSharedCandidates) {
+  // Benchmarks and tests: JAX_TOPK_FILTERED_SPLIT=off keeps every row on one block (read at each
+  // launch).
+  const char* const split_mode = std::getenv("JAX_TOPK_FILTERED_SPLIT");
+  const bool may_split = split_mode == nullptr || std::strcmp(split_mode, "off") != 0;
+  if (may_split && problem.rows * 2 <= pool && problem.width > kSharedCandidates) {
     const int64_t useful_parts = FilteredUsefulParts(problem.width);
     constexpr int64_t kElementBytes = sizeof(typename Elements::Storage);
     spread = problem.rows * problem.width * kElementBytes <= kSpreadBytesPerSm * SmCount(device);
@@ -80,6 +86,11 @@ cudaError_t LaunchRowsOf(const TopkProblem& problem, void* workspace, size_t wor
       spread = false;
       parts = SplitParts<Elements>(split_kernel, device, problem.rows, useful_parts, false);
     }
+    // Measured (benches/NOTES.md "split or queue"): a row in two parts sharing their SMs is
+    // slower than the row on one block for 16-bit rows and float32 rows past 65536 columns (128 x
+    // 65536-152064: 16-18 %), faster for float32 rows of 65536 (the indexer's 128 x 65536 causal:
+    // 25.4 against 31.7 us); two parts with an SM each (spread) stay faster (64 x 152064 bf16).
+    if (!spread && parts == 2 && (kElementBytes == 2 || problem.width > 65536)) parts = 1;
     if (parts > 1) {
       const WorkspacePlan split = PlanWorkspace(problem.rows, parts, pool, workspace_bytes);
       if (split.slice_entries >= kMinSplitSliceEntries) plan = split;
