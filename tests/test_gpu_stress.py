@@ -188,10 +188,13 @@ def test_filtered_whole_rows_with_masked_rows():
 
 # A queue launch with a block for every row (rows <= the pool of 2 x SMs: 200 on an H200, and
 # few rows kept off the cluster split by JAX_TOPK_FILTERED_SPLIT=off, read at each launch) takes
-# row b in block b with no counter: every family, masked rows, each dtype, top_k's values.
+# row b in block b with no counter: every family, masked rows, each dtype, top_k's values. Few
+# float32 rows are kept off their own kernels (topk_f32_cluster, topk_f32_rows) too.
 @pytest.mark.parametrize("rows, split", [(200, "on"), (5, "off"), (1, "off")])
 def test_filtered_a_block_a_row(rows, split, monkeypatch):
     monkeypatch.setenv("JAX_TOPK_FILTERED_SPLIT", split)
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "off")
+    monkeypatch.setenv("JAX_TOPK_F32_ROWS", "off")
     rng = np.random.default_rng(56 + rows)
     n = 20_011
     for dtype in ("float32", "bfloat16", "float16"):
