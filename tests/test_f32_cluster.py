@@ -86,6 +86,35 @@ def test_sample_foolers_and_ties_across_blocks(n, parts, monkeypatch):
                 same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
 
 
+def few_ties_at_the_kth(rng, rows, n, k, ties):
+    """k - 8 large distinct values, then `ties` copies of the k-th value spread over the row
+    (across every block's slice), everything else far below: the bin of the k-th key holds only
+    the ties after the first digit, so the kernel gathers them as candidates (<= 32) or, past 32,
+    takes the radix digits; row r also moves the ties by r columns and drops a few large values
+    so the quota changes."""
+    out = rng.standard_normal((rows, n)).astype(np.float32) * 0.01 - 5.0
+    for r in range(rows):
+        large = rng.choice(n, size=k - 8 - r % 4, replace=False)
+        out[r, large] = 10.0 + np.arange(len(large), dtype=np.float32) * 1e-3
+        tie_columns = (np.linspace(0, n - 1, ties).astype(np.int64) + r) % n
+        out[r, tie_columns] = 5.0
+    return out
+
+
+@pytest.mark.parametrize("n", [32768, 131072])
+@pytest.mark.parametrize("ties", [1, 8, 20, 32, 33, 40])
+def test_ties_gathered_as_candidates(n, ties):
+    """The candidates route (a bin of at most 32 keys after a digit) and its edge: ties at the
+    k-th value split between blocks, taken by column, at 32 candidates and at 33."""
+    rng = np.random.default_rng(n + ties)
+    k = 2048
+    scores = few_ties_at_the_kth(rng, 4, n, k, ties)
+    lengths = np.full(4, n, np.int32)
+    for sorted_ in (False, True):
+        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+    same_on_both("topk_filtered", scores, lengths, k=k - 4, sorted=False)
+
+
 @pytest.mark.parametrize("rows", [1, 4, 8, 9, 17, 133])
 def test_same_bits_as_the_kernels_it_replaces(rows, monkeypatch):
     """Row counts past one wave of clusters too."""

@@ -2,8 +2,8 @@
 # One device call for the float32 cluster kernel (benches/NOTES.md "topk_f32_cluster"): build, the
 # whole GPU suite (failures re-run with the kernel off, to tell its failures from others'),
 # memcheck on its cases, then device times: before it (off, with jax.lax.top_k), forced on at its
-# default cluster size, at 8 blocks a row, with 4 more cluster barriers a digit (a barrier's
-# cost), topk_f32_rows forced on (its own widths), and the build's default rule.
+# default cluster size, at 8 blocks a row, topk_f32_rows forced on (its own widths), and the
+# build's default rule (VARIANTS: a subset of these names). Phase stamps: f32_cluster_stamps.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/f32_cluster}
@@ -31,13 +31,12 @@ echo "tests done at $(($(date +%s) - start)) s"
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m tests.checks.sanitizer \
   f32cluster >"$out/logs/memcheck.log" 2>&1
 echo "memcheck rc=$?" | tee -a "$out/logs/memcheck.log"; tail -3 "$out/logs/memcheck.log"
-# name:JAX_TOPK_F32_CLUSTER:JAX_TOPK_F32_CLUSTER_PARTS:JAX_TOPK_F32_CLUSTER_PROBE_SYNCS:JAX_TOPK_F32_ROWS
-for variant in before:off:::: cluster:always:::: cluster8:always:8::: syncs4:always::4:: \
-    rows::::always default:::::; do
-  IFS=: read -r name mode parts syncs rows _ <<<"$variant"
+# name:JAX_TOPK_F32_CLUSTER:JAX_TOPK_F32_CLUSTER_PARTS:JAX_TOPK_F32_ROWS
+for variant in before:off::: cluster:always::: cluster8:always:8:: rows:::always default::::; do
+  IFS=: read -r name mode parts rows _ <<<"$variant"
+  if [[ -n ${VARIANTS:-} && " $VARIANTS " != *" $name "* ]]; then continue; fi
   (if [[ -n $mode ]]; then export JAX_TOPK_F32_CLUSTER=$mode; fi
    if [[ -n $parts ]]; then export JAX_TOPK_F32_CLUSTER_PARTS=$parts; fi
-   if [[ -n $syncs ]]; then export JAX_TOPK_F32_CLUSTER_PROBE_SYNCS=$syncs; fi
    if [[ -n $rows ]]; then export JAX_TOPK_F32_ROWS=$rows; fi
    extra=""; [[ $name == before ]] && extra=--lax
    timeout 100 python3 -m benches.probes.f32_cluster --label "$name" $extra 2>>"$out/logs/bench.err") |

@@ -5,10 +5,14 @@
 //  1. Load: block b of the cluster keeps columns [b * slice, (b + 1) * slice), thread t of it a
 //     contiguous kElems of them, as ordered keys (0: NaN or past the length).
 //  2. Three radix digits (11+11+10 bits) of the k-th key: each block histograms its keys that
-//     match the digits found so far and sums each 32 bins into a super-bin; after one cluster
-//     barrier, warp 0 of every block reads every block's super-bins, then the 32 bins of the
-//     chosen one, through distributed shared memory (the same sums in every block: no broadcast).
-//     The same reads count the keys above the bin, and in it, in the blocks before this one.
+//     match the digits found so far and sums each 32 bins into a super-bin, then pushes its
+//     super-bins into every block's shared memory (st.async, counted on the receiver's mbarrier:
+//     one one-way trip, no cluster barrier, no remote load); warp 0 of every block picks the
+//     super-bin from them, every block pushes its 32 bins of it the same way, and warp 0 picks
+//     the bin (the same sums in every block: no broadcast). The same pushes count the keys above
+//     the bin, and in it, in the blocks before this one. Once a digit leaves at most 32 keys in
+//     the bin (most rows after two digits), every block pushes those keys with their columns to
+//     every block instead, and warp 0 ranks them there: the full pivot in one exchange.
 //  3. Winners: the blocks own ascending column ranges, so block b's winners follow the greater
 //     keys and the taken ties of the blocks before it; a block scan places the rest (ties to the
 //     lowest columns). Unsorted: stored from the registers. Sorted: sent to block 0's shared
@@ -26,6 +30,7 @@
 
 #include "common/topk_common.h"
 #include "kernels/cluster_launch.cuh"
+#include "kernels/cluster_push.cuh"
 #include "kernels/f32_rows/register_row.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
@@ -48,20 +53,63 @@ constexpr int kSuperBins = kDigitBins / kBinsPerSuper;
 static_assert(kSuperBins == 64, "warp 0 reads two super-bins a lane");
 
 // What warp 0 found of one digit, identical in every block of the cluster but the *_before
-// fields (which count the blocks before this one).
+// fields (which count the blocks before this one). The first exchange fills super, valid and
+// the running above counts; the second the bin and the final counts.
 struct DigitFound {
+  uint32_t super;          // the super-bin of the rank-th key
+  uint32_t none;           // the first digit: rank > the row's real keys, no bin holds it
   uint32_t bin;            // the digit of the rank-th key
   uint32_t above;          // the cluster's matching keys in higher bins
   uint32_t above_before;   // of which in the blocks before this one
   uint32_t in_bin_before;  // the blocks before this one: their matching keys in the bin
+  uint32_t in_bin;         // the cluster's matching keys in the bin
   uint32_t valid;          // the first digit: the row's real keys
   uint32_t valid_before;   // of which in the blocks before this one
 };
 
+// Phase stamps for the standalone probe (benches/probes/f32_cluster_stamps.cu defines
+// JAX_TOPK_F32_CLUSTER_STAMPS before including this file): thread 0 of each block stores the
+// globaltimer at the end of each phase. A no-op in the library.
+#ifndef JAX_TOPK_F32_CLUSTER_STAMPS
+#define JAX_TOPK_F32_CLUSTER_STAMPS 0
+#endif
+constexpr int kStampSlots = 24;
+#if JAX_TOPK_F32_CLUSTER_STAMPS
+__device__ unsigned long long g_cluster_stamps[1024][kStampSlots];
+#endif
+__device__ __forceinline__ void Stamp(int slot) {
+#if JAX_TOPK_F32_CLUSTER_STAMPS
+  if (threadIdx.x == 0 && blockIdx.x < 1024) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_cluster_stamps[blockIdx.x][slot] = ns;
+  }
+#else
+  (void)slot;
+#endif
+}
+
+// A digit's two exchanges: every block's super-bins, then every block's 32 bins of the chosen
+// super-bin.
+enum Exchange : int { kSuperExchange, kBinExchange, kExchanges };
+
+// At most this many keys left in the chosen bin after a digit are gathered into every block,
+// (key, column) pairs, and ranked there by one warp: one exchange instead of the next digits'.
+constexpr int kMaxCandidates = 32;
+
 struct ClusterShared {
-  // A histogram a digit (no reuse, so no barrier guards a rewrite): read by the whole cluster
-  // after the digit's cluster barrier.
-  uint32_t hist[kDigits][kDigitBins];
+  // Receivers of the pushes (cluster_push.cuh), one mbarrier an exchange, each used once.
+  uint64_t arrived[kDigits][kExchanges];
+  // What block q pushed: its super-bins of a digit, and its bins of the chosen super-bin.
+  alignas(8) uint32_t pushed_supers[kDigits][kMaxParts][kSuperBins];  // pushed as pairs
+  uint32_t pushed_bins[kDigits][kMaxParts][kBinsPerSuper];
+  // The gathered candidates (key, column), in no order; armed once their count is known.
+  uint64_t candidates_arrived;
+  alignas(8) uint32_t candidates[kMaxCandidates][2];
+  uint32_t candidates_taken;  // this block's candidates pushed so far (a slot counter)
+  // This block's histogram of each digit (no reuse, so no barrier guards a rewrite); read as
+  // uint4 by SumSuperBins.
+  alignas(16) uint32_t hist[kDigits][kDigitBins];
   uint32_t super_bins[kDigits][kSuperBins];
   // Sorted rows: the cluster's winners, in block 0 (the sort's space once they are read).
   union {
@@ -72,45 +120,83 @@ struct ClusterShared {
   DigitFound found;
 };
 
-// This block's super-bins of `digit` (after a barrier that follows its histogram).
-__device__ __forceinline__ void SumSuperBins(ClusterShared& s, int digit) {
-  const int lane = threadIdx.x % 32;
-  for (int super = threadIdx.x / 32; super < kSuperBins; super += kWarps) {
-    const uint32_t count = __reduce_add_sync(0xFFFFFFFFu, s.hist[digit][super * 32 + lane]);
-    if (lane == 0) s.super_bins[digit][super] = count;
+// Thread 0, before the cluster barrier that precedes any push: the receivers armed with the
+// bytes every exchange brings from `parts` blocks.
+__device__ __forceinline__ void ArmReceivers(ClusterShared& s, int parts) {
+  for (int digit = 0; digit < kDigits; ++digit) {
+    MbarrierInit(&s.arrived[digit][kSuperExchange], 1);
+    MbarrierInit(&s.arrived[digit][kBinExchange], 1);
   }
+  MbarrierInit(&s.candidates_arrived, 1);  // armed by GatherCandidates
+  s.candidates_taken = 0;
+  for (int digit = 0; digit < kDigits; ++digit) {
+    MbarrierExpectBytes(&s.arrived[digit][kSuperExchange], parts * kSuperBins * 4);
+    MbarrierExpectBytes(&s.arrived[digit][kBinExchange], parts * kBinsPerSuper * 4);
+  }
+  FenceMbarrierInit();
 }
 
-// Warp 0 (after the digit's cluster barrier): the bin of `digit` holding the rank-th largest
-// matching key of the cluster, into s.found. For the first digit, a rank past the row's real
-// keys finds no bin (s.found.valid says so).
-__device__ __forceinline__ void FindClusterBin(ClusterShared& s, const cg::cluster_group& cluster,
-                                               int digit, int parts, int part, uint32_t rank) {
+// This block's super-bins of `digit` (after a barrier that follows its histogram): thread t
+// sums bins 4t to 4t + 3, and the 8 lanes of a super-bin add theirs.
+__device__ __forceinline__ void SumSuperBins(ClusterShared& s, int digit) {
+  static_assert(kThreads * 4 == kDigitBins && kBinsPerSuper == 32, "4 bins a thread, 8 a super");
+  const uint4 four = reinterpret_cast<const uint4*>(s.hist[digit])[threadIdx.x];
+  uint32_t count = four.x + four.y + four.z + four.w;
+#pragma unroll
+  for (int offset = 4; offset > 0; offset /= 2) count += __shfl_xor_sync(0xFFFFFFFFu, count, offset);
+  if (threadIdx.x % 8 == 0) s.super_bins[digit][threadIdx.x / 8] = count;
+}
+
+// Warp w < parts (after a barrier): this block's super-bins of `digit`, or its 32 bins of the
+// chosen super-bin, pushed into block w's slot for this block.
+__device__ __forceinline__ void PushSuperBins(ClusterShared& s, int digit, int parts, int part) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= parts) return;
+  const uint32_t to = static_cast<uint32_t>(warp);
+  PushWords(MapToBlock(SharedAddress(&s.pushed_supers[digit][part][2 * lane]), to),
+            MapToBlock(SharedAddress(&s.arrived[digit][kSuperExchange]), to),
+            s.super_bins[digit][2 * lane], s.super_bins[digit][2 * lane + 1]);
+}
+__device__ __forceinline__ void PushChosenBins(ClusterShared& s, int digit, int parts, int part,
+                                               uint32_t super) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= parts) return;
+  const uint32_t to = static_cast<uint32_t>(warp);
+  PushWord(MapToBlock(SharedAddress(&s.pushed_bins[digit][part][lane]), to),
+           MapToBlock(SharedAddress(&s.arrived[digit][kBinExchange]), to),
+           s.hist[digit][super * kBinsPerSuper + lane]);
+}
+
+// Warp 0, once every block's super-bins of `digit` arrived: the super-bin holding the rank-th
+// largest matching key of the cluster, and the keys above it, into s.found. For the first
+// digit, a rank past the row's real keys finds none (s.found.none).
+__device__ __forceinline__ void ChooseSuperBin(ClusterShared& s, int digit, int parts, int part,
+                                               uint32_t rank) {
   const unsigned full = 0xFFFFFFFFu;
   const int lane = threadIdx.x;
-  // Lane l: super-bins 63 - 2l and 62 - 2l, so lane order is descending bin order.
-  const int high = kSuperBins - 1 - 2 * lane;
-  // Every block's two counts loaded before any is added, so all are in flight at once (blocks
-  // past `parts` reread block 0 and count nothing).
-  uint32_t part_high[kMaxParts];
-  uint32_t part_low[kMaxParts];
-#pragma unroll
-  for (int q = 0; q < kMaxParts; ++q) {
-    const uint32_t* supers = cluster.map_shared_rank(s.super_bins[digit], q < parts ? q : 0);
-    part_high[q] = supers[high];
-    part_low[q] = supers[high - 1];
-  }
+  MbarrierWaitFirstPhase(&s.arrived[digit][kSuperExchange]);
+  // Lane l: super-bins 63 - 2l (high) and 62 - 2l (low), so lane order is descending bin order.
+  const int low = kSuperBins - 2 - 2 * lane;
   uint32_t high_count = 0;
   uint32_t low_count = 0;
   uint32_t high_before = 0;
   uint32_t low_before = 0;
+  // Every slot loaded before any is added, so the loads overlap (a load under `q < parts` would
+  // wait for the sum before it); slots past `parts` hold nothing and count nothing.
+  uint2 pairs[kMaxParts];
 #pragma unroll
   for (int q = 0; q < kMaxParts; ++q) {
-    const bool counts = q < parts;
-    high_count += counts ? part_high[q] : 0u;
-    low_count += counts ? part_low[q] : 0u;
-    high_before += q < part ? part_high[q] : 0u;
-    low_before += q < part ? part_low[q] : 0u;
+    pairs[q] = *reinterpret_cast<const uint2*>(&s.pushed_supers[digit][q][low]);
+  }
+#pragma unroll
+  for (int q = 0; q < kMaxParts; ++q) {
+    const uint2 pair = q < parts ? pairs[q] : make_uint2(0, 0);
+    low_count += pair.x;
+    high_count += pair.y;
+    low_before += q < part ? pair.x : 0u;
+    high_before += q < part ? pair.y : 0u;
   }
   // Counts <= kF32ClusterMaxWidth: int sums are exact.
   const uint32_t pair = high_count + low_count;
@@ -123,54 +209,131 @@ __device__ __forceinline__ void FindClusterBin(ClusterShared& s, const cg::clust
     if (lane == 0) {
       s.found.valid = valid;
       s.found.valid_before = valid_before;
+      s.found.none = holders == 0;
     }
   }
   if (holders == 0) return;  // only the first digit, rank > valid
   const int holder = __ffs(holders) - 1;
   const bool in_high = rank <= __shfl_sync(full, pair_above + high_count, holder);
-  const int super = kSuperBins - 1 - 2 * holder - (in_high ? 0 : 1);
   const uint32_t above = __shfl_sync(full, in_high ? pair_above : pair_above + high_count, holder);
-  uint32_t above_before =
-      __reduce_add_sync(full, lane < holder ? high_before + low_before
-                                            : (lane == holder && !in_high ? high_before : 0u));
-  // Lane l: the chosen super-bin's l-th bin from the top.
-  const int bin = super * kBinsPerSuper + kBinsPerSuper - 1 - lane;
-  uint32_t part_in_bin[kMaxParts];
-#pragma unroll
-  for (int q = 0; q < kMaxParts; ++q) {
-    part_in_bin[q] = cluster.map_shared_rank(s.hist[digit], q < parts ? q : 0)[bin];
+  const uint32_t above_before = __reduce_add_sync(
+      full, lane < holder ? high_before + low_before
+                          : (lane == holder && !in_high ? high_before : 0u));
+  if (lane == 0) {
+    s.found.super = static_cast<uint32_t>(kSuperBins - 1 - 2 * holder - (in_high ? 0 : 1));
+    s.found.above = above;
+    s.found.above_before = above_before;
   }
+}
+
+// Warp 0, once every block's bins of the chosen super-bin arrived (s.found holds the first
+// exchange's finding): the bin of `digit` holding the rank-th key, and the final counts.
+__device__ __forceinline__ void ChooseBin(ClusterShared& s, int digit, int parts, int part,
+                                          uint32_t rank) {
+  const unsigned full = 0xFFFFFFFFu;
+  const int lane = threadIdx.x;
+  MbarrierWaitFirstPhase(&s.arrived[digit][kBinExchange]);
+  // Lane l: the chosen super-bin's l-th bin from the top (pushed at slot 31 - l).
   uint32_t in_bin = 0;
   uint32_t in_bin_before = 0;
+  uint32_t counts[kMaxParts];  // all loaded first, as in ChooseSuperBin
+#pragma unroll
+  for (int q = 0; q < kMaxParts; ++q) counts[q] = s.pushed_bins[digit][q][kBinsPerSuper - 1 - lane];
 #pragma unroll
   for (int q = 0; q < kMaxParts; ++q) {
-    in_bin += q < parts ? part_in_bin[q] : 0u;
-    in_bin_before += q < part ? part_in_bin[q] : 0u;
+    const uint32_t count = q < parts ? counts[q] : 0u;
+    in_bin += count;
+    in_bin_before += q < part ? count : 0u;
   }
+  const uint32_t above = s.found.above;
   const uint32_t bin_inclusive =
       above + static_cast<uint32_t>(WarpInclusiveSum(static_cast<int>(in_bin)));
   const uint32_t bin_above = bin_inclusive - in_bin;
   const int bin_holder =
       __ffs(__ballot_sync(full, bin_above < rank && rank <= bin_inclusive)) - 1;  // one exists
-  above_before += __reduce_add_sync(full, lane < bin_holder ? in_bin_before : 0u);
+  const uint32_t above_before =
+      s.found.above_before + __reduce_add_sync(full, lane < bin_holder ? in_bin_before : 0u);
   const uint32_t holder_above = __shfl_sync(full, bin_above, bin_holder);
   const uint32_t holder_before = __shfl_sync(full, in_bin_before, bin_holder);
+  const uint32_t holder_in_bin = __shfl_sync(full, in_bin, bin_holder);
+  __syncwarp();  // every lane read s.found before lane 0 rewrites it
   if (lane == 0) {
-    s.found.bin = static_cast<uint32_t>(super * kBinsPerSuper + kBinsPerSuper - 1 - bin_holder);
+    s.found.bin = s.found.super * kBinsPerSuper + kBinsPerSuper - 1 - bin_holder;
     s.found.above = holder_above;
     s.found.above_before = above_before;
     s.found.in_bin_before = holder_before;
+    s.found.in_bin = holder_in_bin;
+  }
+}
+
+// After a digit left at most kMaxCandidates keys in the chosen bin (s.found.in_bin, the same in
+// every block): every block pushes its keys that match `prefix` under `prefix_mask`, with their
+// columns, into every block's candidates; warp 0 of each block ranks them (value descending,
+// column ascending: the order the winners are taken in) and finds the rank-th, the full pivot.
+// Every thread calls it; it returns what the last digit would have found, in s.found: bin (the
+// whole pivot key), above, above_before and in_bin_before (the pivot's ties in earlier blocks).
+template <int kElems>
+__device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys<kElems>& row,
+                                                 int parts, int block_begin, uint32_t prefix,
+                                                 uint32_t prefix_mask, uint32_t rank) {
+  const uint32_t total = s.found.in_bin;
+  const uint32_t first = s.found.in_bin_before;  // this block's keys go after the earlier blocks'
+  __syncthreads();  // every thread read s.found before warp 0 rewrites it below
+  if (threadIdx.x == 0) MbarrierExpectBytes(&s.candidates_arrived, total * 8);
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    const uint32_t key = row.key[i];
+    // A matching key is a real key (> 0: every digit's prefix matches only real keys).
+    if (key != 0 && (key & prefix_mask) == prefix) {
+      const uint32_t slot = first + atomicAdd(&s.candidates_taken, 1u);
+      const uint32_t local = SharedAddress(&s.candidates[min(slot, kMaxCandidates - 1)][0]);
+      const uint32_t barrier = SharedAddress(&s.candidates_arrived);
+      for (int q = 0; q < parts; ++q) {
+        PushWords(MapToBlock(local, q), MapToBlock(barrier, q), key,
+                  static_cast<uint32_t>(row.first_column + i));
+      }
+    }
+  }
+  if (threadIdx.x >= 32) return;
+  const unsigned full = 0xFFFFFFFFu;
+  const int lane = threadIdx.x;
+  MbarrierWaitFirstPhase(&s.candidates_arrived);
+  const bool real = static_cast<uint32_t>(lane) < total;
+  const uint32_t key = real ? s.candidates[lane][0] : 0u;
+  const uint32_t column = real ? s.candidates[lane][1] : 0xFFFFFFFFu;
+  // Lane l's place in the order: the candidates before it (all independent shuffles).
+  uint32_t place = 0;
+#pragma unroll
+  for (int j = 0; j < kMaxCandidates; ++j) {
+    const uint32_t other_key = __shfl_sync(full, key, j);
+    const uint32_t other_column = __shfl_sync(full, column, j);
+    place += other_key > key || (other_key == key && other_column < column);
+  }
+  // The rank-th candidate exists: rank <= total (the bin holds the rank-th key).
+  const int pivot_lane = __ffs(__ballot_sync(full, real && place == rank - 1)) - 1;
+  const uint32_t pivot = __shfl_sync(full, key, pivot_lane);
+  const bool before = column < static_cast<uint32_t>(block_begin);
+  const uint32_t above = __popc(__ballot_sync(full, real && key > pivot));
+  const uint32_t above_before = __popc(__ballot_sync(full, real && key > pivot && before));
+  const uint32_t equal_before = __popc(__ballot_sync(full, real && key == pivot && before));
+  __syncwarp();  // every lane read s.found before lane 0 rewrites it
+  if (lane == 0) {
+    s.found.bin = pivot;
+    s.found.above = above;
+    s.found.above_before = above_before;
+    s.found.in_bin_before = equal_before;
   }
 }
 
 // Where this block's winners start and what it takes: the k-th key of the row and the ties left
-// to this block, found over the cluster. Every thread of every block of the cluster calls it;
-// a cluster barrier a digit. Returns the row's real keys in `valid`.
+// to this block, found over the cluster. Every thread of every block of the cluster calls it,
+// after arriving at the cluster barrier that follows ArmReceivers; two pushes a digit. Returns
+// the row's real keys in `valid`.
 template <int kElems>
 __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
                                                   const cg::cluster_group& cluster,
                                                   const RowKeys<kElems>& row, int parts, int part,
-                                                  int k, int probe_syncs, int& valid,
+                                                  int block_begin, int k, int& valid,
                                                   int& block_first_slot) {
   uint32_t rank = static_cast<uint32_t>(k);
   uint32_t prefix = 0;
@@ -188,39 +351,60 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
       if (counted) atomicAdd(&s.hist[digit][(key >> shift) & mask], 1u);
     }
     __syncthreads();
+    Stamp(2 + 3 * digit);
     SumSuperBins(s, digit);
-    cluster.sync();  // every block's histogram and super-bins of this digit are complete
-    for (int i = 0; i < probe_syncs; ++i) cluster.sync();
-    if (threadIdx.x < 32) FindClusterBin(s, cluster, digit, parts, part, rank);
+    // Every block's receivers are armed (the kernel arrived at this barrier after arming).
+    if (digit == 0) cluster.barrier_wait();
     __syncthreads();
-    const DigitFound found = s.found;
+    PushSuperBins(s, digit, parts, part);
+    if (threadIdx.x < 32) ChooseSuperBin(s, digit, parts, part, rank);
+    __syncthreads();
+    Stamp(3 + 3 * digit);
     if (digit == 0) {
-      valid = static_cast<int>(found.valid);
-      if (found.valid <= rank) {  // at most k real keys: all of them (every key > 0)
-        block_first_slot = static_cast<int>(found.valid_before);
+      valid = static_cast<int>(s.found.valid);
+      if (s.found.none) {  // at most k real keys: all of them (every key > 0)
+        block_first_slot = static_cast<int>(s.found.valid_before);
         return {0, 0};
       }
     }
+    PushChosenBins(s, digit, parts, part, s.found.super);
+    if (threadIdx.x < 32) ChooseBin(s, digit, parts, part, rank);
+    __syncthreads();
+    Stamp(4 + 3 * digit);
+    const DigitFound found = s.found;
     rank -= found.above;
     greater_before += found.above_before;
     prefix |= found.bin << shift;
     prefix_mask |= mask << shift;
-    if (digit == kDigits - 1) {
-      // The ties of the blocks before this one are taken first (lower columns).
-      const uint32_t equal_before = found.in_bin_before;
-      block_first_slot = static_cast<int>(greater_before + min(equal_before, rank));
-      return {prefix, static_cast<int>(rank > equal_before ? rank - equal_before : 0)};
+    uint32_t pivot = prefix;
+    uint32_t equal_before = found.in_bin_before;
+    if (digit < kDigits - 1 && found.in_bin <= kMaxCandidates) {
+      GatherCandidates(s, row, parts, block_begin, prefix, prefix_mask, rank);
+      __syncthreads();
+      Stamp(14 + digit);
+      const DigitFound gathered = s.found;
+      rank -= gathered.above;
+      greater_before += gathered.above_before;
+      pivot = gathered.bin;
+      equal_before = gathered.in_bin_before;
+    } else if (digit < kDigits - 1) {
+      __syncthreads();  // every thread read s.found before the next digit's warp 0 rewrites it
+      continue;
     }
+    // The ties of the blocks before this one are taken first (lower columns).
+    block_first_slot = static_cast<int>(greater_before + min(equal_before, rank));
+    return {pivot, static_cast<int>(rank > equal_before ? rank - equal_before : 0)};
   }
   return {0, 0};  // not reached
 }
 
 template <int kElems, bool kSorted>
 __global__ void __launch_bounds__(kThreads, 1)
-    TopkF32ClusterKernel(const TopkProblem problem, int slice, int probe_syncs) {
+    TopkF32ClusterKernel(const TopkProblem problem, int slice) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint4 shared_words[];
   ClusterShared& s = *reinterpret_cast<ClusterShared*>(shared_words);
+  Stamp(0);
   const cg::cluster_group cluster = cg::this_cluster();
   const int parts = static_cast<int>(cluster.num_blocks());
   const int part = static_cast<int>(cluster.block_rank());
@@ -234,6 +418,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int slot = cluster_thread; slot < k; slot += cluster_threads) output.StoreEmpty(slot);
     return;  // the same for every block of the cluster: no barrier waits for it
   }
+  if (threadIdx.x == 0) ArmReceivers(s, parts);
+  // Released before the loads, waited for before the first push (its latency behind the loads).
+  cluster.barrier_arrive();
   const int length =
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
                                                   : problem.width);
@@ -243,25 +430,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   LoadRow(static_cast<const float*>(problem.scores) + row * problem.width,
           begin + static_cast<int>(threadIdx.x) * kElems, min(length, begin + slice), keys);
   __syncthreads();  // the histograms are zero
+  Stamp(1);
 
   int valid = 0;
   int block_first_slot = 0;
   const Pivot pivot =
-      FindClusterPivot(s, cluster, keys, parts, part, k, probe_syncs, valid, block_first_slot);
+      FindClusterPivot(s, cluster, keys, parts, part, begin, k, valid, block_first_slot);
   const int selected = min(valid, k);
   const WinnerMasks masks = WinnerMasksOf(keys, pivot);
   uint32_t total;
   TakenKeys taken =
       TakeWinners(masks, BlockExclusiveSum(s.warp_sums, PackedCounts(masks), total), pivot.quota);
   taken.position += block_first_slot;
+  Stamp(11);
   if constexpr (!kSorted) {
-    cluster.barrier_arrive();  // done reading the other blocks' shared memory
+    cluster.barrier_arrive();  // done with the exchanges
     ForEachTaken(keys, taken,
                  [&](int slot, int32_t column, uint32_t key) { output.Store(slot, column, key); });
     for (int slot = selected + cluster_thread; slot < k; slot += cluster_threads) {
       output.StoreEmpty(slot);
     }
-    cluster.barrier_wait();  // no block leaves while another may read its shared memory
+    Stamp(12);
+    // No block leaves while the cluster's exchanges may be in flight (a block's shared memory
+    // must outlive every access to it).
+    cluster.barrier_wait();
+    Stamp(13);
   } else {
     StagedWinners& gathered = *cluster.map_shared_rank(&s.staged, 0);
     ForEachTaken(keys, taken, [&](int slot, int32_t column, uint32_t key) {
@@ -269,7 +462,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       gathered.keys[slot] = key;
     });
     cluster.sync();  // block 0 holds the row's winners in column order
+    Stamp(12);
     if (part == 0) StoreStagedWinners<kThreads, kSorted>(s.staged, s.sort, output, k, selected);
+    Stamp(13);
   }
 #endif
 }
@@ -279,9 +474,11 @@ const void* KernelFor() {
   return reinterpret_cast<const void*>(&TopkF32ClusterKernel<kElems, kSorted>);
 }
 
-// A block's shared memory. No padding is needed to keep one block an SM: 512 threads of >= 96
-// registers (ptxas) leave no room for a second block's registers.
-constexpr int kSharedBytes = static_cast<int>(sizeof(ClusterShared));
+// A block's shared memory, padded past half an SM's (228 KB) so that a cluster's blocks are
+// always on distinct SMs (each then has an SM's load bandwidth): the narrower kernels use 40-64
+// registers a thread, which would let two or three blocks share an SM.
+constexpr int kSharedBytes = static_cast<int>(
+    sizeof(ClusterShared) > 116 * 1024 ? sizeof(ClusterShared) : 116 * 1024);
 
 cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, int shared_bytes, cudaStream_t stream,
                                  cudaLaunchAttribute& attribute) {
@@ -398,11 +595,7 @@ void Launch(const TopkProblem& problem, int parts, int device, cudaStream_t stre
   const cudaLaunchConfig_t config =
       ClusterConfig(problem.rows * parts, parts, kSharedBytes, stream, attribute);
   const int slice_columns = static_cast<int>(slice);
-  // A probe for benchmarks: this many more cluster barriers a digit, to time one.
-  const char* probe = std::getenv("JAX_TOPK_F32_CLUSTER_PROBE_SYNCS");
-  const int probe_syncs = probe != nullptr ? std::atoi(probe) : 0;
-  void* arguments[] = {const_cast<TopkProblem*>(&problem), const_cast<int*>(&slice_columns),
-                       const_cast<int*>(&probe_syncs)};
+  void* arguments[] = {const_cast<TopkProblem*>(&problem), const_cast<int*>(&slice_columns)};
   cudaLaunchKernelExC(&config, kernel, arguments);
 }
 

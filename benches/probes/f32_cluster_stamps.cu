@@ -1,0 +1,224 @@
+// Where topk_f32_cluster's time goes (issue 16; benches/NOTES.md "topk_f32_cluster, by phase"):
+// the kernel source included with JAX_TOPK_F32_CLUSTER_STAMPS set, so thread 0 of each block
+// stores the globaltimer at the end of each phase, and launched directly (no JAX) on the decode
+// shapes. Prints, per shape: the time a launch takes in a CUDA graph of back-to-back launches on
+// rotating inputs (no stamps in that build's timing: -DJAX_TOPK_F32_CLUSTER_STAMPS=0 gives the
+// clean binary), the same for empty kernels of the same launch shape (the fixed cost), and the
+// median over blocks of each phase's ns since the block's previous stamp, with the blocks'
+// entry skew. Built and run by f32_cluster_stamps.sh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/topk_f32_cluster.cu"
+
+namespace {
+
+#define CHECK(call)                                                                  \
+  do {                                                                               \
+    const cudaError_t error = (call);                                                \
+    if (error != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(error)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+__global__ void EmptyKernel(int* sink) {
+  extern __shared__ int shared_words[];
+  if (sink != nullptr && threadIdx.x == 0) shared_words[0] = blockIdx.x;
+}
+
+// Empty cluster kernel that crosses one cluster barrier (every cluster kernel that reads
+// another block's shared memory has at least one).
+__global__ void EmptyClusterSync(int* sink) {
+  extern __shared__ int shared_words[];
+  cooperative_groups::this_cluster().sync();
+  if (sink != nullptr && threadIdx.x == 0) shared_words[0] = blockIdx.x;
+}
+
+struct Shape {
+  const char* name;
+  int rows;
+  int width;
+  int k;
+  bool sorted;
+  bool values;
+};
+
+// us a launch: `launch(i)` captured `count` times into one graph, replayed, median of 7.
+template <class Launch>
+float GraphUs(cudaStream_t stream, int count, const Launch& launch) {
+  cudaGraph_t graph;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < count; ++i) launch(i);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int repeat = 0; repeat < 8; ++repeat) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (repeat > 0) times.push_back(ms * 1000.0f / count);
+  }
+  std::sort(times.begin(), times.end());
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool ncu = argc > 1 && std::strcmp(argv[1], "--ncu") == 0;
+  const Shape shapes[] = {
+      {"1x32768 k=2048", 1, 32768, 2048, false, false},
+      {"4x32768 k=2048", 4, 32768, 2048, false, false},
+      {"1x16384 k=2048", 1, 16384, 2048, false, false},
+      {"1x131072 k=2048", 1, 131072, 2048, false, false},
+      {"top_k 1x152064 k=50", 1, 152064, 50, true, true},
+  };
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  // Rotating inputs past the 50 MB L2: each launch reads a row set no launch before it in the
+  // last ~60 MB touched.
+  constexpr int kSets = 64;
+  const size_t most_floats = size_t{4} * 152064;
+  std::vector<float> host(most_floats * kSets);
+  std::mt19937 generator(7);
+  std::normal_distribution<float> normal;
+  for (float& value : host) value = normal(generator);
+  float* scores;
+  CHECK(cudaMalloc(&scores, host.size() * sizeof(float)));
+  CHECK(cudaMemcpy(scores, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  int32_t* out;
+  uint32_t* values;
+  CHECK(cudaMalloc(&out, size_t{4} * 2048 * kSets * sizeof(int32_t)));
+  CHECK(cudaMalloc(&values, size_t{4} * 2048 * kSets * sizeof(uint32_t)));
+
+  const auto problem_for = [&](const Shape& shape, int set) {
+    jax_topk::TopkProblem problem;
+    problem.scores = scores + most_floats * set;
+    problem.rows = shape.rows;
+    problem.width = shape.width;
+    problem.k = shape.k;
+    problem.sorted = shape.sorted;
+    problem.out = out + size_t{4} * 2048 * set;
+    problem.values = shape.values ? values + size_t{4} * 2048 * set : nullptr;
+    return problem;
+  };
+  std::printf("%-22s %8s %8s | stamps: median ns a phase over blocks\n", "shape", "us/launch",
+              "span us");
+  for (const Shape& shape : shapes) {
+    if (ncu) {
+      for (int set = 0; set < 3; ++set) {
+        CHECK(jax_topk::LaunchTopkF32Cluster(problem_for(shape, set), stream));
+      }
+      CHECK(cudaStreamSynchronize(stream));
+      continue;
+    }
+    // Warm-up and plan.
+    CHECK(jax_topk::LaunchTopkF32Cluster(problem_for(shape, 0), stream));
+    CHECK(cudaStreamSynchronize(stream));
+    const float us = GraphUs(stream, 64, [&](int i) {
+      CHECK(jax_topk::LaunchTopkF32Cluster(problem_for(shape, i % kSets), stream));
+    });
+    std::printf("%-22s %8.2f", shape.name, us);
+#if JAX_TOPK_F32_CLUSTER_STAMPS
+    CHECK(cudaDeviceSynchronize());
+    static unsigned long long stamps[1024][jax_topk::kStampSlots];
+    // The kernel's stamp slots in the order they are taken, and their names.
+    constexpr int kPlaces = 16;
+    constexpr int kOrder[kPlaces] = {0, 1, 2, 3, 4, 14, 5, 6, 7, 15, 8, 9, 10, 11, 12, 13};
+    const char* kNames[kPlaces] = {"skew", "zero+issue", "h0",   "sup0", "bin0", "gather0",
+                                   "h1",   "sup1",       "bin1", "gather1", "h2", "sup2",
+                                   "bin2", "take",       "store", "exit"};
+    std::vector<std::vector<double>> phase(kPlaces);
+    double span_max = 0;
+    for (int trial = 0; trial < 5; ++trial) {
+      CHECK(cudaMemset(out, 0, 4));  // a gap: the launch below starts on an idle GPU
+      std::memset(stamps, 0, sizeof(stamps));
+      CHECK(cudaMemcpyToSymbol(jax_topk::g_cluster_stamps, stamps, sizeof(stamps)));
+      CHECK(cudaDeviceSynchronize());
+      CHECK(jax_topk::LaunchTopkF32Cluster(problem_for(shape, 1 + trial), stream));
+      CHECK(cudaDeviceSynchronize());
+      CHECK(cudaMemcpyFromSymbol(stamps, jax_topk::g_cluster_stamps, sizeof(stamps)));
+      const int blocks = shape.rows * 16;
+      unsigned long long first = ~0ull, last = 0;
+      for (int b = 0; b < blocks; ++b) {
+        first = std::min(first, stamps[b][0]);
+        last = std::max(last, stamps[b][13]);
+      }
+      span_max = std::max(span_max, (last - first) / 1e3);
+      // Each stamp against the block's last earlier one that was taken (a row that gathers
+      // candidates after a digit skips the later digits' stamps).
+      for (int b = 0; b < blocks; ++b) {
+        phase[0].push_back(static_cast<double>(stamps[b][0] - first));  // entry skew
+        unsigned long long previous = stamps[b][0];
+        for (int place = 1; place < kPlaces; ++place) {
+          const unsigned long long now = stamps[b][kOrder[place]];
+          if (now == 0) continue;
+          phase[place].push_back(static_cast<double>(now) - static_cast<double>(previous));
+          previous = now;
+        }
+      }
+    }
+    std::printf(" %8.2f |", span_max);
+    for (int place = 0; place < kPlaces; ++place) {
+      if (phase[place].empty()) continue;
+      std::sort(phase[place].begin(), phase[place].end());
+      std::printf(" %s %.0f", kNames[place], phase[place][phase[place].size() / 2]);
+    }
+#endif
+    std::printf("\n");
+  }
+  if (!ncu) {
+    // Fixed costs: empty kernels of the same launch shape (16 blocks of 512 threads, one an SM
+    // by shared memory), with and without a 16-block cluster.
+    const int shared_bytes = jax_topk::kSharedBytes;
+    CHECK(cudaFuncSetAttribute(EmptyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               shared_bytes));
+    CHECK(cudaFuncSetAttribute(EmptyClusterSync, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               shared_bytes));
+    CHECK(cudaFuncSetAttribute(EmptyKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CHECK(cudaFuncSetAttribute(EmptyClusterSync,
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    for (int parts : {1, 8, 16}) {
+      for (int rows : {1, 4}) {
+        for (int sync = 0; sync < 2; ++sync) {
+          if (parts == 1 && sync) continue;
+          const float us = GraphUs(stream, 64, [&](int) {
+            cudaLaunchAttribute attribute;
+            const cudaLaunchConfig_t config = jax_topk::ClusterLaunchConfig(
+                rows * 16, parts, 512, shared_bytes, stream, attribute);
+            int* sink = nullptr;
+            void* arguments[] = {&sink};
+            CHECK(cudaLaunchKernelExC(&config,
+                                      sync ? reinterpret_cast<const void*>(&EmptyClusterSync)
+                                           : reinterpret_cast<const void*>(&EmptyKernel),
+                                      arguments));
+          });
+          std::printf("empty %2d blocks, cluster %2d%s: %.2f us/launch\n", rows * 16, parts,
+                      sync ? " + cluster.sync" : "", us);
+        }
+      }
+    }
+    const float one_block = GraphUs(stream, 64, [&](int) {
+      EmptyKernel<<<1, 32, 0, stream>>>(nullptr);
+    });
+    std::printf("empty 1 block of 32 threads: %.2f us/launch\n", one_block);
+  }
+  CHECK(cudaDeviceSynchronize());
+  return 0;
+}
