@@ -23,6 +23,7 @@
 #include "common/indexer_problem.h"
 #include "kernels/indexer/wgmma.cuh"
 #include "kernels/indexer_cuda.h"
+#include "kernels/mbarrier.cuh"
 
 // CMake defines this when it compiles this file for sm_90a (the only target with wgmma);
 // elsewhere the kernel is empty and Supports() says no.
@@ -121,10 +122,6 @@ struct TileShape {
   static constexpr int kBytesWithAlignment = kBytes + kAtomBytes;  // room to align the base
   static constexpr int kSinkOffset = (kBytes + 15) / 16 * 16;      // a sink's own shared memory
 };
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
 
 // Byte offset of 16-byte chunk `chunk` (over D) of row `row` in a swizzled operand of `rows`
 // rows: the chunk index within a 128-byte row XORs with the row's place in its atom.

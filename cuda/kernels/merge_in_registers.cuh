@@ -26,6 +26,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "kernels/mbarrier.cuh"
 #include "kernels/merge_fine_buckets.cuh"
 #include "kernels/topk_scan.cuh"
 
@@ -215,29 +216,15 @@ __device__ __forceinline__ void PrefetchRange(const void* begin, size_t bytes) {
 #endif
 }
 
-// The staged row's landing: an mbarrier in shared memory that thread 0 arms with the bytes to
-// come; the copy engine's bulk copies count them down, and the phase flips when all landed.
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// The staged row's landing: an mbarrier in shared memory (kernels/mbarrier.cuh) that thread 0
+// arms with the bytes to come; the copy engine's bulk copies count them down, and the phase
+// flips when all landed.
 __device__ __forceinline__ void InitBarrier(uint64_t& barrier) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(SharedAddress(&barrier)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
+  MbarrierInit(&barrier, 1);
+  FenceMbarrierInit();
 }
 __device__ __forceinline__ void WaitForPhase(uint64_t& barrier, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t landed = 0;
-  while (!landed) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(landed)
-        : "r"(SharedAddress(&barrier)), "r"(parity)
-        : "memory");
-  }
-#endif
+  MbarrierWait</*kCluster=*/false>(&barrier, parity);
 }
 // Thread 0: the copy engine brings row `row` (values, then columns: both 16-byte multiples)
 // into the staging buffer, after the block's reads of the previous row (a barrier before).
