@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# One device call (benches/NOTES.md "topk_f32_cluster, by phase"): the stamps probe built twice
-# (with stamps, and clean for the graph timings), run, and the clean one under ncu for each
-# launch's duration. Needs nvcc and the CUDA toolkit's CCCL only; no JAX, no install.
+# One device call (benches/NOTES.md "topk_f32_cluster, by phase"): the stamps probe built with
+# stamps and clean (for the graph timings) for each variant, run, and the first variant's clean
+# build under ncu for each launch's duration (NCU=0 skips it). Needs nvcc and the CUDA toolkit's
+# CCCL only; no JAX, no install.
+#   VARIANTS="name:-DFLAG=1 -DOTHER=2;name2:..." (default: one variant, the library's build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/f32_cluster_stamps}
 mkdir -p "$out"
-flags=(-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icuda
-       ${STAMPS_FLAGS:-})
-nvcc "${flags[@]}" -DJAX_TOPK_F32_CLUSTER_STAMPS=1 benches/probes/f32_cluster_stamps.cu \
-  -o /tmp/f32_stamps 2>"$out/build-stamps.log" &
-nvcc "${flags[@]}" -DJAX_TOPK_F32_CLUSTER_STAMPS=0 benches/probes/f32_cluster_stamps.cu \
-  -o /tmp/f32_clean 2>"$out/build-clean.log" &
+IFS=';' read -ra variants <<<"${VARIANTS:-library:}"
+flags=(-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icuda)
+for variant in "${variants[@]}"; do
+  name=${variant%%:*}
+  read -ra extra <<<"${variant#*:}"
+  for stamps in 0 1; do
+    nvcc "${flags[@]}" "${extra[@]}" -DJAX_TOPK_F32_CLUSTER_STAMPS=$stamps \
+      benches/probes/f32_cluster_stamps.cu -o "/tmp/f32_stamps_${name}_$stamps" \
+      2>"$out/build-$name-$stamps.log" &
+  done
+done
 wait
-echo "== clean (graph timings, empty kernels)"; /tmp/f32_clean | tee "$out/clean.txt"
-echo "== stamps"; /tmp/f32_stamps | tee "$out/stamps.txt"
-echo "== ncu durations"
-ncu --metrics gpu__time_duration.sum --csv /tmp/f32_clean --ncu >"$out/ncu.csv" 2>"$out/ncu.err"
+for variant in "${variants[@]}"; do
+  name=${variant%%:*}
+  echo "== $name: clean (graph timings, empty kernels)"
+  "/tmp/f32_stamps_${name}_0" | tee "$out/clean-$name.txt"
+  echo "== $name: stamps"
+  "/tmp/f32_stamps_${name}_1" | tee "$out/stamps-$name.txt"
+done
+[ "${NCU:-1}" = 0 ] && exit 0
+first=${variants[0]%%:*}
+echo "== ncu durations ($first)"
+ncu --metrics gpu__time_duration.sum --csv "/tmp/f32_stamps_${first}_0" --ncu >"$out/ncu.csv" \
+  2>"$out/ncu.err"
 python3 - "$out/ncu.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]

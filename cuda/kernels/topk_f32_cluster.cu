@@ -3,7 +3,8 @@
 // registers (topk_f32_rows.cu's kernel spread over a cluster of SMs: one SM alone is slow to read
 // and scan a 128 KB row). Per row:
 //  1. Load: block b of the cluster keeps columns [b * slice, (b + 1) * slice), thread t of it a
-//     contiguous kElems of them, as ordered keys (0: NaN or past the length).
+//     contiguous kElems of them, as ordered keys (0: NaN or past the length; the length applied
+//     after the loads are issued).
 //  2. Three radix digits (11+11+10 bits) of the k-th key: each block histograms its keys that
 //     match the digits found so far and sums each 32 bins into a super-bin, then pushes its
 //     super-bins into every block's shared memory (st.async, counted on the receiver's mbarrier:
@@ -57,7 +58,6 @@ static_assert(kSuperBins == 64, "warp 0 reads two super-bins a lane");
 // the running above counts; the second the bin and the final counts.
 struct DigitFound {
   uint32_t super;          // the super-bin of the rank-th key
-  uint32_t none;           // the first digit: rank > the row's real keys, no bin holds it
   uint32_t bin;            // the digit of the rank-th key
   uint32_t above;          // the cluster's matching keys in higher bins
   uint32_t above_before;   // of which in the blocks before this one
@@ -93,6 +93,14 @@ __device__ __forceinline__ void Stamp(int slot) {
 // super-bin.
 enum Exchange : int { kSuperExchange, kBinExchange, kExchanges };
 
+// Each digit's exchanges run by warp 0 alone between two block barriers (1), or by every warp
+// with a block barrier around each push (0; the probe's baseline,
+// benches/probes/f32_cluster_stamps.sh).
+#ifndef JAX_TOPK_F32_CLUSTER_WARP_DIGITS
+#define JAX_TOPK_F32_CLUSTER_WARP_DIGITS 1
+#endif
+constexpr bool kWarpDigits = JAX_TOPK_F32_CLUSTER_WARP_DIGITS != 0;
+
 // At most this many keys left in the chosen bin after a digit are gathered into every block,
 // (key, column) pairs, and ranked there by one warp: one exchange instead of the next digits'.
 constexpr int kMaxCandidates = 32;
@@ -118,6 +126,7 @@ struct ClusterShared {
   };
   uint32_t warp_sums[kWarps];
   DigitFound found;
+  DigitFound gathered;  // GatherCandidates' pivot (s.found may still be read meanwhile)
 };
 
 // Thread 0, before the cluster barrier that precedes any push: the receivers armed with the
@@ -169,9 +178,47 @@ __device__ __forceinline__ void PushChosenBins(ClusterShared& s, int digit, int 
            s.hist[digit][super * kBinsPerSuper + lane]);
 }
 
+// Warp 0 alone (after the barrier that follows the histogram): this block's super-bins of
+// `digit` summed from its histogram and pushed into every block, lane l holding super-bins
+// 62 - 2l and 63 - 2l as ChooseSuperBin reads them. Each lane walks its 16 uint4 of bins from a
+// lane-rotated start, so that a phase's 8 lanes hit distinct banks.
+__device__ __forceinline__ void WarpPushSuperBins(ClusterShared& s, int digit, int parts,
+                                                  int part) {
+  const int lane = threadIdx.x;
+  const int low = kSuperBins - 2 - 2 * lane;
+  const uint4* bins = reinterpret_cast<const uint4*>(&s.hist[digit][low * kBinsPerSuper]);
+  constexpr int kQuads = 2 * kBinsPerSuper / 4;
+  uint32_t low_count = 0;
+  uint32_t high_count = 0;
+#pragma unroll
+  for (int i = 0; i < kQuads; ++i) {
+    const int quad = (i + lane) % kQuads;
+    const uint4 four = bins[quad];
+    const uint32_t sum = four.x + four.y + four.z + four.w;
+    low_count += quad < kQuads / 2 ? sum : 0u;
+    high_count += quad < kQuads / 2 ? 0u : sum;
+  }
+  const uint32_t local = SharedAddress(&s.pushed_supers[digit][part][low]);
+  const uint32_t barrier = SharedAddress(&s.arrived[digit][kSuperExchange]);
+  for (int q = 0; q < parts; ++q) {
+    PushWords(MapToBlock(local, q), MapToBlock(barrier, q), low_count, high_count);
+  }
+}
+
+// Warp 0 alone, once s.found.super is known: this block's 32 bins of it, pushed into every
+// block.
+__device__ __forceinline__ void WarpPushChosenBins(ClusterShared& s, int digit, int parts,
+                                                   int part, uint32_t super) {
+  const int lane = threadIdx.x;
+  const uint32_t count = s.hist[digit][super * kBinsPerSuper + lane];
+  const uint32_t local = SharedAddress(&s.pushed_bins[digit][part][lane]);
+  const uint32_t barrier = SharedAddress(&s.arrived[digit][kBinExchange]);
+  for (int q = 0; q < parts; ++q) PushWord(MapToBlock(local, q), MapToBlock(barrier, q), count);
+}
+
 // Warp 0, once every block's super-bins of `digit` arrived: the super-bin holding the rank-th
 // largest matching key of the cluster, and the keys above it, into s.found. For the first
-// digit, a rank past the row's real keys finds none (s.found.none).
+// digit also the row's real keys (s.found.valid): a rank past them finds no super-bin.
 __device__ __forceinline__ void ChooseSuperBin(ClusterShared& s, int digit, int parts, int part,
                                                uint32_t rank) {
   const unsigned full = 0xFFFFFFFFu;
@@ -209,7 +256,6 @@ __device__ __forceinline__ void ChooseSuperBin(ClusterShared& s, int digit, int 
     if (lane == 0) {
       s.found.valid = valid;
       s.found.valid_before = valid_before;
-      s.found.none = holders == 0;
     }
   }
   if (holders == 0) return;  // only the first digit, rank > valid
@@ -270,15 +316,15 @@ __device__ __forceinline__ void ChooseBin(ClusterShared& s, int digit, int parts
 // every block): every block pushes its keys that match `prefix` under `prefix_mask`, with their
 // columns, into every block's candidates; warp 0 of each block ranks them (value descending,
 // column ascending: the order the winners are taken in) and finds the rank-th, the full pivot.
-// Every thread calls it; it returns what the last digit would have found, in s.found: bin (the
-// whole pivot key), above, above_before and in_bin_before (the pivot's ties in earlier blocks).
+// Every thread calls it, after reading s.found; it returns what the last digit would have found,
+// in s.gathered: bin (the whole pivot key), above, above_before and in_bin_before (the pivot's
+// ties in earlier blocks).
 template <int kElems>
 __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys<kElems>& row,
                                                  int parts, int block_begin, uint32_t prefix,
                                                  uint32_t prefix_mask, uint32_t rank) {
   const uint32_t total = s.found.in_bin;
   const uint32_t first = s.found.in_bin_before;  // this block's keys go after the earlier blocks'
-  __syncthreads();  // every thread read s.found before warp 0 rewrites it below
   if (threadIdx.x == 0) MbarrierExpectBytes(&s.candidates_arrived, total * 8);
 #pragma unroll
   for (int i = 0; i < kElems; ++i) {
@@ -316,12 +362,11 @@ __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys
   const uint32_t above = __popc(__ballot_sync(full, real && key > pivot));
   const uint32_t above_before = __popc(__ballot_sync(full, real && key > pivot && before));
   const uint32_t equal_before = __popc(__ballot_sync(full, real && key == pivot && before));
-  __syncwarp();  // every lane read s.found before lane 0 rewrites it
   if (lane == 0) {
-    s.found.bin = pivot;
-    s.found.above = above;
-    s.found.above_before = above_before;
-    s.found.in_bin_before = equal_before;
+    s.gathered.bin = pivot;
+    s.gathered.above = above;
+    s.gathered.above_before = above_before;
+    s.gathered.in_bin_before = equal_before;
   }
 }
 
@@ -352,24 +397,48 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
     }
     __syncthreads();
     Stamp(2 + 3 * digit);
-    SumSuperBins(s, digit);
     // Every block's receivers are armed (the kernel arrived at this barrier after arming).
-    if (digit == 0) cluster.barrier_wait();
-    __syncthreads();
-    PushSuperBins(s, digit, parts, part);
-    if (threadIdx.x < 32) ChooseSuperBin(s, digit, parts, part, rank);
-    __syncthreads();
-    Stamp(3 + 3 * digit);
-    if (digit == 0) {
-      valid = static_cast<int>(s.found.valid);
-      if (s.found.none) {  // at most k real keys: all of them (every key > 0)
-        block_first_slot = static_cast<int>(s.found.valid_before);
-        return {0, 0};
+    if (digit == 0 && kWarpDigits) cluster.barrier_wait();
+    if (kWarpDigits) {
+      // Warp 0 alone: sums, both exchanges and both picks, no block barrier between them.
+      if (threadIdx.x < 32) {
+        WarpPushSuperBins(s, digit, parts, part);
+        ChooseSuperBin(s, digit, parts, part, rank);
+        __syncwarp();
+        Stamp(3 + 3 * digit);
+        // At most k real keys (the first digit): all of them, no bin to find.
+        if (digit > 0 || s.found.valid > rank) {
+          WarpPushChosenBins(s, digit, parts, part, s.found.super);
+          ChooseBin(s, digit, parts, part, rank);
+        }
       }
+      __syncthreads();
+      if (digit == 0) {
+        valid = static_cast<int>(s.found.valid);
+        if (s.found.valid <= rank) {  // at most k real keys: all of them (every key > 0)
+          block_first_slot = static_cast<int>(s.found.valid_before);
+          return {0, 0};
+        }
+      }
+    } else {
+      SumSuperBins(s, digit);
+      if (digit == 0) cluster.barrier_wait();
+      __syncthreads();
+      PushSuperBins(s, digit, parts, part);
+      if (threadIdx.x < 32) ChooseSuperBin(s, digit, parts, part, rank);
+      __syncthreads();
+      Stamp(3 + 3 * digit);
+      if (digit == 0) {
+        valid = static_cast<int>(s.found.valid);
+        if (s.found.valid <= rank) {  // at most k real keys: all of them (every key > 0)
+          block_first_slot = static_cast<int>(s.found.valid_before);
+          return {0, 0};
+        }
+      }
+      PushChosenBins(s, digit, parts, part, s.found.super);
+      if (threadIdx.x < 32) ChooseBin(s, digit, parts, part, rank);
+      __syncthreads();
     }
-    PushChosenBins(s, digit, parts, part, s.found.super);
-    if (threadIdx.x < 32) ChooseBin(s, digit, parts, part, rank);
-    __syncthreads();
     Stamp(4 + 3 * digit);
     const DigitFound found = s.found;
     rank -= found.above;
@@ -382,13 +451,14 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
       GatherCandidates(s, row, parts, block_begin, prefix, prefix_mask, rank);
       __syncthreads();
       Stamp(14 + digit);
-      const DigitFound gathered = s.found;
+      const DigitFound gathered = s.gathered;
       rank -= gathered.above;
       greater_before += gathered.above_before;
       pivot = gathered.bin;
       equal_before = gathered.in_bin_before;
     } else if (digit < kDigits - 1) {
-      __syncthreads();  // every thread read s.found before the next digit's warp 0 rewrites it
+      // The next digit's warp 0 rewrites s.found only after its histogram's barrier, which every
+      // thread reaches after the reads above.
       continue;
     }
     // The ties of the blocks before this one are taken first (lower columns).
@@ -421,14 +491,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) ArmReceivers(s, parts);
   // Released before the loads, waited for before the first push (its latency behind the loads).
   cluster.barrier_arrive();
-  const int length =
-      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
-                                                  : problem.width);
-  for (int i = threadIdx.x; i < kDigits * kDigitBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+  const int32_t given_length =
+      problem.lengths != nullptr ? problem.lengths[row] : static_cast<int32_t>(problem.width);
   const int begin = part * slice;
   RowKeys<kElems> keys;
   LoadRow(static_cast<const float*>(problem.scores) + row * problem.width,
-          begin + static_cast<int>(threadIdx.x) * kElems, min(length, begin + slice), keys);
+          begin + static_cast<int>(threadIdx.x) * kElems,
+          min(static_cast<int>(problem.width), begin + slice), keys);
+  for (int i = threadIdx.x; i < kDigits * kDigitBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+  DropPastLength(keys, static_cast<int>(ClampLength(given_length, problem.width)));
   __syncthreads();  // the histograms are zero
   Stamp(1);
 

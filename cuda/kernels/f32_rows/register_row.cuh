@@ -83,6 +83,16 @@ __device__ __forceinline__ void LoadRow(const float* row_scores, int first_colum
   }
 }
 
+// Keys at or past `length` become 0. The kernels load the row up to its width and apply the
+// length after, so that the row's loads are issued without waiting for the length's.
+template <int kElems>
+__device__ __forceinline__ void DropPastLength(RowKeys<kElems>& row, int length) {
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    if (row.first_column + i >= length) row.key[i] = 0;
+  }
+}
+
 // A thread's keys against the pivot, bit i for key[i]: greater (> pivot) and equal (== pivot,
 // a real key). A pivot of {0, 0} takes every real key.
 struct WinnerMasks {
