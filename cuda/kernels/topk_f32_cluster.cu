@@ -93,14 +93,6 @@ __device__ __forceinline__ void Stamp(int slot) {
 // super-bin.
 enum Exchange : int { kSuperExchange, kBinExchange, kExchanges };
 
-// Each digit's exchanges run by warp 0 alone between two block barriers (1), or by every warp
-// with a block barrier around each push (0; the probe's baseline,
-// benches/probes/f32_cluster_stamps.sh).
-#ifndef JAX_TOPK_F32_CLUSTER_WARP_DIGITS
-#define JAX_TOPK_F32_CLUSTER_WARP_DIGITS 1
-#endif
-constexpr bool kWarpDigits = JAX_TOPK_F32_CLUSTER_WARP_DIGITS != 0;
-
 // At most this many keys left in the chosen bin after a digit are gathered into every block,
 // (key, column) pairs, and ranked there by one warp: one exchange instead of the next digits'.
 constexpr int kMaxCandidates = 32;
@@ -176,44 +168,6 @@ __device__ __forceinline__ void PushChosenBins(ClusterShared& s, int digit, int 
   PushWord(MapToBlock(SharedAddress(&s.pushed_bins[digit][part][lane]), to),
            MapToBlock(SharedAddress(&s.arrived[digit][kBinExchange]), to),
            s.hist[digit][super * kBinsPerSuper + lane]);
-}
-
-// Warp 0 alone (after the barrier that follows the histogram): this block's super-bins of
-// `digit` summed from its histogram and pushed into every block, lane l holding super-bins
-// 62 - 2l and 63 - 2l as ChooseSuperBin reads them. Each lane walks its 16 uint4 of bins from a
-// lane-rotated start, so that a phase's 8 lanes hit distinct banks.
-__device__ __forceinline__ void WarpPushSuperBins(ClusterShared& s, int digit, int parts,
-                                                  int part) {
-  const int lane = threadIdx.x;
-  const int low = kSuperBins - 2 - 2 * lane;
-  const uint4* bins = reinterpret_cast<const uint4*>(&s.hist[digit][low * kBinsPerSuper]);
-  constexpr int kQuads = 2 * kBinsPerSuper / 4;
-  uint32_t low_count = 0;
-  uint32_t high_count = 0;
-#pragma unroll
-  for (int i = 0; i < kQuads; ++i) {
-    const int quad = (i + lane) % kQuads;
-    const uint4 four = bins[quad];
-    const uint32_t sum = four.x + four.y + four.z + four.w;
-    low_count += quad < kQuads / 2 ? sum : 0u;
-    high_count += quad < kQuads / 2 ? 0u : sum;
-  }
-  const uint32_t local = SharedAddress(&s.pushed_supers[digit][part][low]);
-  const uint32_t barrier = SharedAddress(&s.arrived[digit][kSuperExchange]);
-  for (int q = 0; q < parts; ++q) {
-    PushWords(MapToBlock(local, q), MapToBlock(barrier, q), low_count, high_count);
-  }
-}
-
-// Warp 0 alone, once s.found.super is known: this block's 32 bins of it, pushed into every
-// block.
-__device__ __forceinline__ void WarpPushChosenBins(ClusterShared& s, int digit, int parts,
-                                                   int part, uint32_t super) {
-  const int lane = threadIdx.x;
-  const uint32_t count = s.hist[digit][super * kBinsPerSuper + lane];
-  const uint32_t local = SharedAddress(&s.pushed_bins[digit][part][lane]);
-  const uint32_t barrier = SharedAddress(&s.arrived[digit][kBinExchange]);
-  for (int q = 0; q < parts; ++q) PushWord(MapToBlock(local, q), MapToBlock(barrier, q), count);
 }
 
 // Warp 0, once every block's super-bins of `digit` arrived: the super-bin holding the rank-th
@@ -397,48 +351,24 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
     }
     __syncthreads();
     Stamp(2 + 3 * digit);
+    SumSuperBins(s, digit);
     // Every block's receivers are armed (the kernel arrived at this barrier after arming).
-    if (digit == 0 && kWarpDigits) cluster.barrier_wait();
-    if (kWarpDigits) {
-      // Warp 0 alone: sums, both exchanges and both picks, no block barrier between them.
-      if (threadIdx.x < 32) {
-        WarpPushSuperBins(s, digit, parts, part);
-        ChooseSuperBin(s, digit, parts, part, rank);
-        __syncwarp();
-        Stamp(3 + 3 * digit);
-        // At most k real keys (the first digit): all of them, no bin to find.
-        if (digit > 0 || s.found.valid > rank) {
-          WarpPushChosenBins(s, digit, parts, part, s.found.super);
-          ChooseBin(s, digit, parts, part, rank);
-        }
+    if (digit == 0) cluster.barrier_wait();
+    __syncthreads();
+    PushSuperBins(s, digit, parts, part);
+    if (threadIdx.x < 32) ChooseSuperBin(s, digit, parts, part, rank);
+    __syncthreads();
+    Stamp(3 + 3 * digit);
+    if (digit == 0) {
+      valid = static_cast<int>(s.found.valid);
+      if (s.found.valid <= rank) {  // at most k real keys: all of them (every key > 0)
+        block_first_slot = static_cast<int>(s.found.valid_before);
+        return {0, 0};
       }
-      __syncthreads();
-      if (digit == 0) {
-        valid = static_cast<int>(s.found.valid);
-        if (s.found.valid <= rank) {  // at most k real keys: all of them (every key > 0)
-          block_first_slot = static_cast<int>(s.found.valid_before);
-          return {0, 0};
-        }
-      }
-    } else {
-      SumSuperBins(s, digit);
-      if (digit == 0) cluster.barrier_wait();
-      __syncthreads();
-      PushSuperBins(s, digit, parts, part);
-      if (threadIdx.x < 32) ChooseSuperBin(s, digit, parts, part, rank);
-      __syncthreads();
-      Stamp(3 + 3 * digit);
-      if (digit == 0) {
-        valid = static_cast<int>(s.found.valid);
-        if (s.found.valid <= rank) {  // at most k real keys: all of them (every key > 0)
-          block_first_slot = static_cast<int>(s.found.valid_before);
-          return {0, 0};
-        }
-      }
-      PushChosenBins(s, digit, parts, part, s.found.super);
-      if (threadIdx.x < 32) ChooseBin(s, digit, parts, part, rank);
-      __syncthreads();
     }
+    PushChosenBins(s, digit, parts, part, s.found.super);
+    if (threadIdx.x < 32) ChooseBin(s, digit, parts, part, rank);
+    __syncthreads();
     Stamp(4 + 3 * digit);
     const DigitFound found = s.found;
     rank -= found.above;
