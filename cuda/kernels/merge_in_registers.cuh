@@ -26,6 +26,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "kernels/l2_prefetch.cuh"
 #include "kernels/mbarrier.cuh"
 #include "kernels/merge_fine_buckets.cuh"
 #include "kernels/topk_scan.cuh"
@@ -202,18 +203,6 @@ __device__ __forceinline__ void SelectRest(Shared& s, const Project& project, Cu
 // Exclusive positions for each thread's `count` items, in thread order; the total.
 __device__ __forceinline__ uint32_t Positions(Shared& s, uint32_t count, uint32_t& total) {
   return BlockExclusiveSum<kWarps>(s.warp_sums, count, total);
-}
-
-// The copy engine pulls the 16-byte-aligned inside of [begin, begin + bytes) into L2.
-__device__ __forceinline__ void PrefetchRange(const void* begin, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + 15) & ~uintptr_t{15};
-  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + bytes) & ~uintptr_t{15};
-  if (first < last)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first),
-                 "r"(static_cast<uint32_t>(last - first))
-                 : "memory");
-#endif
 }
 
 // The staged row's landing: an mbarrier in shared memory (kernels/mbarrier.cuh) that thread 0
@@ -786,8 +775,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t grid = gridDim.x;
   const auto prefetch_row = [&](int64_t row) {
     if (row >= rows) return;
-    PrefetchRange(values + row * width, width * sizeof(Bits));
-    PrefetchRange(indices + row * width, width * sizeof(int32_t));
+    PrefetchRangeToL2(values + row * width, width * sizeof(Bits));
+    PrefetchRangeToL2(indices + row * width, width * sizeof(int32_t));
   };
   if (threadIdx.x == 0) {
     if (staged) {

@@ -10,6 +10,7 @@
 
 #include "kernels/filtered/elements.cuh"
 #include "kernels/filtered/layout.cuh"
+#include "kernels/l2_prefetch.cuh"
 
 namespace jax_topk {
 namespace {
@@ -64,13 +65,7 @@ __device__ __forceinline__ void PrefetchToL2(const Storage* row, int64_t from, i
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x != 0 || from >= end) return;
   const int64_t to = from + columns < end ? from + columns : end;
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(row + from) + 15) & ~uintptr_t{15};
-  const uintptr_t last = reinterpret_cast<uintptr_t>(row + to) & ~uintptr_t{15};
-  if (first < last) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first),
-                 "r"(static_cast<uint32_t>(last - first))
-                 : "memory");
-  }
+  PrefetchRangeToL2(row + from, static_cast<size_t>(to - from) * sizeof(Storage));
 #else
   constexpr int kLineElems = kPrefetchLineBytes / static_cast<int>(sizeof(Storage));
   const int offset = kLineElems * static_cast<int>(threadIdx.x);
