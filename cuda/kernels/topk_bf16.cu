@@ -21,7 +21,6 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
-#include "kernels/l2_prefetch.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
 
@@ -41,12 +40,6 @@ constexpr int MinBlocksPerSm() {
 constexpr int kMaxElemsPerThread = 32;
 static_assert(kThreadsPerRow * kMaxElemsPerThread >= kMaxBf16Width, "a row must fit one block");
 static_assert(kMaxElemsPerThread <= 32, "one bit per element in a 32-bit mask");
-
-// Launches of at most this many rows (one or two blocks an SM) prefetch each row into L2 first.
-#ifndef JAX_TOPK_BF16_PREFETCH_ROWS
-#define JAX_TOPK_BF16_PREFETCH_ROWS 264
-#endif
-constexpr int kPrefetchRowsUpTo = JAX_TOPK_BF16_PREFETCH_ROWS;
 
 constexpr int kRadixBins = 256;  // two passes over the 16 raw bits: high byte, low byte
 static_assert(kRadixBins <= kThreadsPerRow, "one thread per bin when zeroing the histograms");
@@ -591,13 +584,6 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
       if constexpr (kWithValues) row_values[slot] = Scores::kNegInfBits;
     }
     return;
-  }
-  // Few rows leave the GPU latency-bound: the whole row is asked into L2 while the length (which
-  // sizes the slices) is on its way, so the slice loads that wait for it find L2, not HBM. A
-  // short row's unread tail costs only HBM bytes, which so few rows leave idle.
-  if (gridDim.x <= kPrefetchRowsUpTo && threadIdx.x == 0) {
-    PrefetchRangeToL2(static_cast<const uint16_t*>(problem.scores) + row * problem.width,
-                      static_cast<size_t>(problem.width) * sizeof(uint16_t));
   }
   const int length =
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
