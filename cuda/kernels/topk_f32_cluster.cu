@@ -16,7 +16,7 @@
 //     every block instead, and warp 0 ranks them there: the full pivot in one exchange.
 //  3. Winners: the blocks own ascending column ranges, so block b's winners follow the greater
 //     keys and the taken ties of the blocks before it; a block scan places the rest (ties to the
-//     lowest columns). Unsorted: stored from the registers. Sorted: sent to block 0's shared
+//     lowest columns). Unsorted: stored from the registers. Sorted: pushed into block 0's shared
 //     memory and stored from there (ranked by counting, or a block radix sort past 256).
 // Traffic: each score read once; k indices (and values) written a row. No workspace. Needs
 // sm_90 (clusters); the host never launches it elsewhere (TopkF32ClusterServes).
@@ -107,6 +107,8 @@ struct ClusterShared {
   uint64_t candidates_arrived;
   alignas(8) uint32_t candidates[kMaxCandidates][2];
   uint32_t candidates_taken;  // this block's candidates pushed so far (a slot counter)
+  // Sorted rows: block 0's receiver of every block's winners (armed once `selected` is known).
+  uint64_t winners_arrived;
   // This block's histogram of each digit (no reuse, so no barrier guards a rewrite); read as
   // uint4 by SumSuperBins.
   alignas(16) uint32_t hist[kDigits][kDigitBins];
@@ -129,6 +131,7 @@ __device__ __forceinline__ void ArmReceivers(ClusterShared& s, int parts) {
     MbarrierInit(&s.arrived[digit][kBinExchange], 1);
   }
   MbarrierInit(&s.candidates_arrived, 1);  // armed by GatherCandidates
+  MbarrierInit(&s.winners_arrived, 1);     // armed in block 0 once the pivot is known
   s.candidates_taken = 0;
   for (int digit = 0; digit < kDigits; ++digit) {
     MbarrierExpectBytes(&s.arrived[digit][kSuperExchange], parts * kSuperBins * 4);
@@ -444,27 +447,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       TakeWinners(masks, BlockExclusiveSum(s.warp_sums, PackedCounts(masks), total), pivot.quota);
   taken.position += block_first_slot;
   Stamp(11);
+  // No cluster barrier at the end: every push into a block belongs to an exchange that block
+  // waits for, so no block exits while another's words may still arrive, and st.async holds no
+  // resource of the block that issued it.
   if constexpr (!kSorted) {
-    cluster.barrier_arrive();  // done with the exchanges
     ForEachTaken(keys, taken,
                  [&](int slot, int32_t column, uint32_t key) { output.Store(slot, column, key); });
     for (int slot = selected + cluster_thread; slot < k; slot += cluster_threads) {
       output.StoreEmpty(slot);
     }
     Stamp(12);
-    // No block leaves while the cluster's exchanges may be in flight (a block's shared memory
-    // must outlive every access to it).
-    cluster.barrier_wait();
     Stamp(13);
   } else {
-    StagedWinners& gathered = *cluster.map_shared_rank(&s.staged, 0);
+    // Every block pushes its winners into block 0's staging (8 bytes a winner, counted on block
+    // 0's mbarrier), and only block 0 waits: one one-way trip instead of a cluster barrier.
+    if (part == 0 && threadIdx.x == 0) {
+      MbarrierExpectBytes(&s.winners_arrived, static_cast<uint32_t>(selected) * 8);
+    }
+    const uint32_t arrived = MapToBlock(SharedAddress(&s.winners_arrived), 0);
     ForEachTaken(keys, taken, [&](int slot, int32_t column, uint32_t key) {
-      gathered.columns[slot] = column;
-      gathered.keys[slot] = key;
+      PushWord(MapToBlock(SharedAddress(&s.staged.columns[slot]), 0), arrived,
+               static_cast<uint32_t>(column));
+      PushWord(MapToBlock(SharedAddress(&s.staged.keys[slot]), 0), arrived, key);
     });
-    cluster.sync();  // block 0 holds the row's winners in column order
     Stamp(12);
-    if (part == 0) StoreStagedWinners<kThreads, kSorted>(s.staged, s.sort, output, k, selected);
+    if (part == 0) {
+      MbarrierWaitFirstPhase(&s.winners_arrived);  // block 0 holds the row's winners
+      StoreStagedWinners<kThreads, kSorted>(s.staged, s.sort, output, k, selected);
+    }
     Stamp(13);
   }
 #endif
