@@ -257,5 +257,9 @@ int main(int argc, char** argv) {
     std::printf("empty 1 block of 32 threads: %.2f us/launch\n", one_block);
   }
   CHECK(cudaDeviceSynchronize());
+  CHECK(cudaFree(lengths));
+  CHECK(cudaFree(values));
+  CHECK(cudaFree(out));
+  CHECK(cudaFree(scores));
   return 0;
 }

@@ -4,10 +4,11 @@
 // one-way trip for what it needs, with no cluster barrier and no remote load round trip.
 //
 // Contract (the mbarrier calls are kernels/mbarrier.cuh's): a receiver initialises its mbarrier
-// (MbarrierInit), arms it with the bytes it is owed (MbarrierExpectBytes, once, by one thread) and
-// makes the initialisation visible to the cluster (FenceMbarrierInit, then a cluster barrier)
-// before any block pushes to it. Each mbarrier here is used for one phase only (parity 0): one
-// exchange, never reused.
+// (MbarrierInit) and makes that visible to the cluster (FenceMbarrierInit, then a cluster
+// barrier) before any block pushes to it, and arms it with the bytes it is owed
+// (MbarrierExpectBytes, once, by one thread) before or after they land: bytes that land first
+// take the transaction count below zero, and the phase cannot complete before the arming
+// arrival. Each mbarrier here is used for one phase only (parity 0): one exchange, never reused.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // Asking the copy engine to pull a range of global memory into L2 (sm_90's bulk prefetch): one
-// instruction from one thread, no registers held and nothing waited for, so the loads that follow
-// (after some other latency: a length, a barrier) find L2 instead of HBM.
+// instruction from one thread, no registers held and nothing waited for, so that later loads of
+// the range find L2 instead of HBM.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -205,16 +205,6 @@ __device__ __forceinline__ uint32_t Positions(Shared& s, uint32_t count, uint32_
   return BlockExclusiveSum<kWarps>(s.warp_sums, count, total);
 }
 
-// The staged row's landing: an mbarrier in shared memory (kernels/mbarrier.cuh) that thread 0
-// arms with the bytes to come; the copy engine's bulk copies count them down, and the phase
-// flips when all landed.
-__device__ __forceinline__ void InitBarrier(uint64_t& barrier) {
-  MbarrierInit(&barrier, 1);
-  FenceMbarrierInit();
-}
-__device__ __forceinline__ void WaitForPhase(uint64_t& barrier, uint32_t parity) {
-  MbarrierWait</*kCluster=*/false>(&barrier, parity);
-}
 // Thread 0: the copy engine brings row `row` (values, then columns: both 16-byte multiples)
 // into the staging buffer, after the block's reads of the previous row (a barrier before).
 template <typename Bits>
@@ -780,7 +770,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (threadIdx.x == 0) {
     if (staged) {
-      InitBarrier(s.row_landed);
+      // The staged row's landing: armed with the bytes to come, counted down by the copies.
+      MbarrierInit(&s.row_landed, 1);
+      FenceMbarrierInit();
       StageRow(s.row_landed, staged_values, values, indices, blockIdx.x, width);
     }
     // The rows that the loop's first iterations would otherwise leave out of the lookahead.
@@ -799,7 +791,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lookahead > 0) prefetch_row(row + (staged_ahead + lookahead) * grid);
     }
     if (staged && (restage || visit == 0))
-      WaitForPhase(s.row_landed, static_cast<uint32_t>(visit & 1));
+      MbarrierWait</*kCluster=*/false>(&s.row_landed, static_cast<uint32_t>(visit & 1));
     // 1. The row: key 0 marks no candidate (column < 0, NaN, past the row); every other
     //    ordered key is > 0.
     const Bits* row_values = values + row * width;

@@ -18,8 +18,9 @@
 //     keys and the taken ties of the blocks before it; a block scan places the rest (ties to the
 //     lowest columns). Unsorted: stored from the registers. Sorted: pushed into block 0's shared
 //     memory and stored from there (ranked by counting, or a block radix sort past 256).
-// Traffic: each score read once; k indices (and values) written a row. No workspace. Needs
-// sm_90 (clusters); the host never launches it elsewhere (TopkF32ClusterServes).
+// Traffic: each score of the row's width read once (the length applied after the loads); k
+// indices (and values) written per row. No workspace. Needs sm_90 (clusters); the host never
+// launches it elsewhere (TopkF32ClusterServes).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -123,8 +124,9 @@ struct ClusterShared {
   DigitFound gathered;  // GatherCandidates' pivot (s.found may still be read meanwhile)
 };
 
-// Thread 0, before the cluster barrier that precedes any push: the receivers armed with the
-// bytes every exchange brings from `parts` blocks.
+// Thread 0, before the cluster barrier that precedes any push: every receiver initialised, and
+// the digits' receivers armed with the bytes each exchange brings from `parts` blocks (the
+// candidates' and the winners' are armed once their counts are known).
 __device__ __forceinline__ void ArmReceivers(ClusterShared& s, int parts) {
   for (int digit = 0; digit < kDigits; ++digit) {
     MbarrierInit(&s.arrived[digit][kSuperExchange], 1);
@@ -448,18 +450,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   taken.position += block_first_slot;
   Stamp(11);
   // No cluster barrier at the end: every push into a block belongs to an exchange that block
-  // waits for, so no block exits while another's words may still arrive, and st.async holds no
-  // resource of the block that issued it.
+  // waits for, so no block exits while words are still owed to it. A block may exit with its own
+  // pushes in flight: st.async takes its data from registers, and neither the CUDA guide nor the
+  // PTX ISA asks the issuing block to outlive it (only the receiving one), as with a remote
+  // mbarrier arrive issued just before a block exits.
   if constexpr (!kSorted) {
     ForEachTaken(keys, taken,
                  [&](int slot, int32_t column, uint32_t key) { output.Store(slot, column, key); });
     for (int slot = selected + cluster_thread; slot < k; slot += cluster_threads) {
       output.StoreEmpty(slot);
     }
-    Stamp(12);
     Stamp(13);
   } else {
-    // Every block pushes its winners into block 0's staging (8 bytes a winner, counted on block
+    // Every block pushes its winners into block 0's staging (8 bytes per winner, counted on block
     // 0's mbarrier), and only block 0 waits: one one-way trip instead of a cluster barrier.
     if (part == 0 && threadIdx.x == 0) {
       MbarrierExpectBytes(&s.winners_arrived, static_cast<uint32_t>(selected) * 8);

@@ -170,12 +170,14 @@ __global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProbl
     StoreStagedWinners<kThreads, false>(s.staged, s.sort, output, k, 0);
     return;
   }
-  const int32_t given_length =
-      problem.lengths != nullptr ? problem.lengths[row] : static_cast<int32_t>(problem.width);
+  // The loads wait for the length (unlike topk_f32_cluster's): up to 264 rows share the SMs
+  // here, so a short row's unread tail would cost each SM bytes, not only latency.
+  const int length =
+      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
+                                                  : problem.width);
   RowKeys<kElems> keys;
   LoadRow(static_cast<const float*>(problem.scores) + row * problem.width,
-          static_cast<int>(threadIdx.x) * kElems, static_cast<int>(problem.width), keys);
-  DropPastLength(keys, static_cast<int>(ClampLength(given_length, problem.width)));
+          static_cast<int>(threadIdx.x) * kElems, length, keys);
 
   // Valid keys (<= 2^15) and valid sampled keys, summed in one int.
   uint32_t counts = 0;

@@ -83,8 +83,8 @@ __device__ __forceinline__ void LoadRow(const float* row_scores, int first_colum
   }
 }
 
-// Keys at or past `length` become 0. The kernels load the row up to its width and apply the
-// length after, so that the row's loads are issued without waiting for the length's.
+// Keys at or past `length` become 0: topk_f32_cluster loads its slice up to the row's width and
+// applies the length after, so that the loads are issued without waiting for the length's.
 template <int kElems>
 __device__ __forceinline__ void DropPastLength(RowKeys<kElems>& row, int length) {
 #pragma unroll
