@@ -74,8 +74,8 @@ struct DigitFound {
 #ifndef JAX_TOPK_F32_CLUSTER_STAMPS
 #define JAX_TOPK_F32_CLUSTER_STAMPS 0
 #endif
-constexpr int kStampSlots = 24;
 #if JAX_TOPK_F32_CLUSTER_STAMPS
+constexpr int kStampSlots = 24;
 __device__ unsigned long long g_cluster_stamps[1024][kStampSlots];
 #endif
 __device__ __forceinline__ void Stamp(int slot) {
