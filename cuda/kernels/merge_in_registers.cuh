@@ -26,6 +26,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "kernels/bulk_copy.cuh"
 #include "kernels/l2_prefetch.cuh"
 #include "kernels/mbarrier.cuh"
 #include "kernels/merge_fine_buckets.cuh"
@@ -213,21 +214,11 @@ __device__ __forceinline__ void StageRow(uint64_t& barrier, Bits* staged_values,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t value_bytes = static_cast<uint32_t>(width * sizeof(Bits));
   const uint32_t column_bytes = static_cast<uint32_t>(width * sizeof(int32_t));
-  const uint32_t bar = SharedAddress(&barrier);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads before the overwrite
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-               "r"(value_bytes + column_bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(SharedAddress(staged_values)),
-      "l"(values + row * width), "r"(value_bytes), "r"(bar)
-      : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(SharedAddress(staged_values) + value_bytes),
-      "l"(indices + row * width), "r"(column_bytes), "r"(bar)
-      : "memory");
+  MbarrierExpectBytes(&barrier, value_bytes + column_bytes);
+  BulkCopyToShared(staged_values, values + row * width, value_bytes, &barrier);
+  BulkCopyToShared(reinterpret_cast<unsigned char*>(staged_values) + value_bytes,
+                   indices + row * width, column_bytes, &barrier);
 #endif
 }
 
