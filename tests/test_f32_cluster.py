@@ -115,6 +115,47 @@ def test_ties_gathered_as_candidates(n, ties):
     same_on_both("topk_filtered", scores, lengths, k=k - 4, sorted=False)
 
 
+def small_k_rows(rng, rows, n, k):
+    """Rows for small k on long slices (a few keys matching each digit, gathered as candidates;
+    most threads with no winner): row 0 puts k + 3 large values in the middle block alone; row 1
+    holds k keys of 2.0 (the lowest key of its first-digit bin) in block 0 and everything else one
+    ulp below 2.0 (the bin under it); row 2 is constant; row 3 is -inf but for k - 1 values (the
+    k-th key -inf); row 4 holds k copies of 1.0 at the start of every block's slice and ones just
+    below in between (ties across blocks); row 5 is random bits."""
+    out = rng.standard_normal((rows, n)).astype(np.float32) * 0.01 - 1.0
+    slice_ = (n + 63) // 64 * 4  # a block's slice with 16 blocks a row
+    middle = 7 * slice_
+    out[0, middle : middle + k + 3] = 5.0 + np.arange(k + 3, dtype=np.float32)
+    out[1] = np.nextafter(np.float32(2.0), np.float32(0.0))
+    out[1, rng.choice(min(n, slice_), size=min(k, n, slice_), replace=False)] = 2.0
+    out[2] = 0.75
+    out[3] = -np.inf
+    out[3, rng.choice(n, size=k - 1, replace=False)] = rng.standard_normal(k - 1)
+    out[4] = np.nextafter(np.float32(1.0), np.float32(0.0))
+    for block in range(16):
+        start = block * slice_
+        out[4, start : start + min(k, max(0, n - start))] = 1.0
+    out[5] = rng.integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("n", [32771, 65540, 152064, 262144])
+@pytest.mark.parametrize("k", [1, 50, 256, 257])
+def test_small_k_on_long_slices(n, k):
+    """Every value family and the rows above at 8 to 32 keys a thread, with lengths that leave
+    some blocks fewer than k real keys (or none)."""
+    rng = np.random.default_rng(n + k)
+    rows = 6
+    for scores in (small_k_rows(rng, rows, n, k), *(
+        families.make(family, rng, (rows, n), "float32") for family in sorted(families.FAMILIES)
+    )):
+        lengths = np.full(rows, n, np.int32)
+        lengths[1::3] = [k + 1, n // 3][: len(lengths[1::3])]
+        for sorted_ in (False, True):
+            same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+        same_on_both("topk_filtered", scores, np.full(rows, n, np.int32), k=k, sorted=False)
+
+
 @pytest.mark.parametrize("rows", [1, 4, 8, 9, 17, 133])
 def test_same_bits_as_the_kernels_it_replaces(rows, monkeypatch):
     """Row counts past one wave of clusters too."""
