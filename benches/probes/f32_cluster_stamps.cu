@@ -5,7 +5,9 @@
 // rotating inputs (no stamps in that build's timing: -DJAX_TOPK_F32_CLUSTER_STAMPS=0 gives the
 // clean binary), the same for empty kernels of the same launch shape (the fixed cost), and the
 // median over blocks of each phase's ns since the block's previous stamp, with the blocks'
-// entry skew. Built and run by f32_cluster_stamps.sh.
+// entry skew; then each warp's own loops over its keys (lane 0's globaltimer where the warp
+// leaves the loop, from the block stamp before it), median and 90th percentile over warps.
+// Built and run by f32_cluster_stamps.sh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -183,15 +185,23 @@ int main(int argc, char** argv) {
                                    "h1",   "sup1",       "bin1", "gather1", "h2", "sup2",
                                    "bin2", "take",       "store", "exit"};
     std::vector<std::vector<double>> phase(kPlaces);
+    // Each warp's own loops (WarpStamp), from the block stamp before them: median over warps.
+    constexpr int kLoops = 6;
+    const char* kLoopNames[kLoops] = {"keys", "landed", "h0loop", "h1loop", "gatherloop", "storeloop"};
+    std::vector<std::vector<double>> loop(kLoops);
+    static unsigned long long warp_stamps[1024][jax_topk::kThreads / 32][jax_topk::kWarpStampSlots];
     double span_max = 0;
     for (int trial = 0; trial < 5; ++trial) {
       CHECK(cudaMemset(out, 0, 4));  // a gap: the launch below starts on an idle GPU
       std::memset(stamps, 0, sizeof(stamps));
+      std::memset(warp_stamps, 0, sizeof(warp_stamps));
+      CHECK(cudaMemcpyToSymbol(jax_topk::g_warp_stamps, warp_stamps, sizeof(warp_stamps)));
       CHECK(cudaMemcpyToSymbol(jax_topk::g_cluster_stamps, stamps, sizeof(stamps)));
       CHECK(cudaDeviceSynchronize());
       CHECK(jax_topk::LaunchTopkF32Cluster(problem_for(shape, 1 + trial), stream));
       CHECK(cudaDeviceSynchronize());
       CHECK(cudaMemcpyFromSymbol(stamps, jax_topk::g_cluster_stamps, sizeof(stamps)));
+      CHECK(cudaMemcpyFromSymbol(warp_stamps, jax_topk::g_warp_stamps, sizeof(warp_stamps)));
       const int blocks = shape.rows * 16;
       unsigned long long first = ~0ull, last = 0;
       for (int b = 0; b < blocks; ++b) {
@@ -199,6 +209,26 @@ int main(int argc, char** argv) {
         last = std::max(last, stamps[b][13]);
       }
       span_max = std::max(span_max, (last - first) / 1e3);
+      for (int b = 0; b < blocks; ++b) {
+        // (warp slot, the block stamp it is timed from: the barrier before the loop)
+        const int from[kLoops][2] = {{jax_topk::kKeysMade, 0},
+                                     {jax_topk::kKeysLanded, -1},
+                                     {jax_topk::kFirstHistogramLooped, 1},
+                                     {jax_topk::kSecondHistogramLooped, 4},
+                                     {jax_topk::kCandidatesPushed, 7},
+                                     {jax_topk::kWinnersStored, 11}};
+        for (int w = 0; w < jax_topk::kThreads / 32; ++w) {
+          for (int l = 0; l < kLoops; ++l) {
+            const unsigned long long now = warp_stamps[b][w][from[l][0]];
+            const unsigned long long start = from[l][1] < 0
+                                                 ? warp_stamps[b][w][jax_topk::kKeysMade]
+                                                 : stamps[b][from[l][1]];
+            if (now != 0 && start != 0 && now >= start) {
+              loop[l].push_back(static_cast<double>(now - start));
+            }
+          }
+        }
+      }
       // Each stamp against the block's last earlier one that was taken (a row that gathers
       // candidates after a digit skips the later digits' stamps).
       for (int b = 0; b < blocks; ++b) {
@@ -217,6 +247,13 @@ int main(int argc, char** argv) {
       if (phase[place].empty()) continue;
       std::sort(phase[place].begin(), phase[place].end());
       std::printf(" %s %.0f", kNames[place], phase[place][phase[place].size() / 2]);
+    }
+    std::printf("\n%-22s warps' loops, ns (median / 90th percentile over warps):", "");
+    for (int l = 0; l < kLoops; ++l) {
+      if (loop[l].empty()) continue;
+      std::sort(loop[l].begin(), loop[l].end());
+      std::printf(" %s %.0f/%.0f", kLoopNames[l], loop[l][loop[l].size() / 2],
+                  loop[l][loop[l].size() * 9 / 10]);
     }
 #endif
     std::printf("\n");

@@ -90,6 +90,32 @@ __device__ __forceinline__ void Stamp(int slot) {
 #endif
 }
 
+// Each warp's own stamps (lane 0's globaltimer) where a warp finishes a loop over its keys,
+// before the barrier that follows: how long the loop took that warp, not the slowest one.
+enum WarpStampSlot : int {
+  kKeysMade,    // LoadRow makes keys of the loaded values: this waits for the loads already
+  kKeysLanded,  // the stamps build waits here for every key, to be sure
+  kFirstHistogramLooped,
+  kSecondHistogramLooped,
+  kCandidatesPushed,
+  kWinnersStored,
+  kWarpStampSlots,
+};
+#if JAX_TOPK_F32_CLUSTER_STAMPS
+__device__ unsigned long long g_warp_stamps[1024][kThreads / 32][kWarpStampSlots];
+#endif
+__device__ __forceinline__ void WarpStamp(int slot) {
+#if JAX_TOPK_F32_CLUSTER_STAMPS
+  if (threadIdx.x % 32 == 0 && blockIdx.x < 1024) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_warp_stamps[blockIdx.x][threadIdx.x / 32][slot] = ns;
+  }
+#else
+  (void)slot;
+#endif
+}
+
 // A digit's two exchanges: every block's super-bins, then every block's 32 bins of the chosen
 // super-bin.
 enum Exchange : int { kSuperExchange, kBinExchange, kExchanges };
@@ -299,6 +325,7 @@ __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys
       }
     }
   }
+  WarpStamp(kCandidatesPushed);
   if (threadIdx.x >= 32) return;
   const unsigned full = 0xFFFFFFFFu;
   const int lane = threadIdx.x;
@@ -354,6 +381,7 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
       const bool counted = digit == 0 ? key != 0 : (key & prefix_mask) == prefix;
       if (counted) atomicAdd(&s.hist[digit][(key >> shift) & mask], 1u);
     }
+    if (digit < 2) WarpStamp(digit == 0 ? kFirstHistogramLooped : kSecondHistogramLooped);
     __syncthreads();
     Stamp(2 + 3 * digit);
     SumSuperBins(s, digit);
@@ -434,6 +462,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           begin + static_cast<int>(threadIdx.x) * kElems,
           min(static_cast<int>(problem.width), begin + slice), keys);
   for (int i = threadIdx.x; i < kDigits * kDigitBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+  WarpStamp(kKeysMade);
+#if JAX_TOPK_F32_CLUSTER_STAMPS
+  {  // the stamps build only: wait here for every key, to time the loads alone
+    uint32_t all = 0;
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) all ^= keys.key[i];
+    asm volatile("" ::"r"(all));
+  }
+#endif
+  WarpStamp(kKeysLanded);
   DropPastLength(keys, static_cast<int>(ClampLength(given_length, problem.width)));
   __syncthreads();  // the histograms are zero
   Stamp(1);
@@ -457,6 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (!kSorted) {
     ForEachTaken(keys, taken,
                  [&](int slot, int32_t column, uint32_t key) { output.Store(slot, column, key); });
+    WarpStamp(kWinnersStored);
     for (int slot = selected + cluster_thread; slot < k; slot += cluster_threads) {
       output.StoreEmpty(slot);
     }
