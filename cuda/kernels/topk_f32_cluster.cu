@@ -77,14 +77,15 @@ struct DigitFound {
 #if JAX_TOPK_F32_CLUSTER_STAMPS
 constexpr int kStampSlots = 24;
 __device__ unsigned long long g_cluster_stamps[1024][kStampSlots];
+__device__ __forceinline__ unsigned long long GlobalTimerNs() {
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
 #endif
 __device__ __forceinline__ void Stamp(int slot) {
 #if JAX_TOPK_F32_CLUSTER_STAMPS
-  if (threadIdx.x == 0 && blockIdx.x < 1024) {
-    unsigned long long ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    g_cluster_stamps[blockIdx.x][slot] = ns;
-  }
+  if (threadIdx.x == 0 && blockIdx.x < 1024) g_cluster_stamps[blockIdx.x][slot] = GlobalTimerNs();
 #else
   (void)slot;
 #endif
@@ -107,9 +108,7 @@ __device__ unsigned long long g_warp_stamps[1024][kThreads / 32][kWarpStampSlots
 __device__ __forceinline__ void WarpStamp(int slot) {
 #if JAX_TOPK_F32_CLUSTER_STAMPS
   if (threadIdx.x % 32 == 0 && blockIdx.x < 1024) {
-    unsigned long long ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    g_warp_stamps[blockIdx.x][threadIdx.x / 32][slot] = ns;
+    g_warp_stamps[blockIdx.x][threadIdx.x / 32][slot] = GlobalTimerNs();
   }
 #else
   (void)slot;
