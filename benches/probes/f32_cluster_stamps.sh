@@ -4,6 +4,7 @@
 # build under ncu for each launch's duration (NCU=0 skips it). Needs nvcc and the CUDA toolkit's
 # CCCL only; no JAX, no install.
 #   VARIANTS="name:-DFLAG=1 -DOTHER=2;name2:..." (default: one variant, the library's build)
+#   (a variant's flags come first, so "base:-I/tmp/base/cuda" builds another tree's kernel)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/f32_cluster_stamps}
@@ -14,7 +15,7 @@ for variant in "${variants[@]}"; do
   name=${variant%%:*}
   read -ra extra <<<"${variant#*:}"
   for stamps in 0 1; do
-    nvcc "${flags[@]}" "${extra[@]}" -DJAX_TOPK_F32_CLUSTER_STAMPS=$stamps \
+    nvcc "${extra[@]}" "${flags[@]}" -DJAX_TOPK_F32_CLUSTER_STAMPS=$stamps \
       benches/probes/f32_cluster_stamps.cu -o "/tmp/f32_stamps_${name}_$stamps" \
       2>"$out/build-$name-$stamps.log" &
   done
