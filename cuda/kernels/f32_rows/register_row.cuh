@@ -14,6 +14,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "kernels/set_bits.cuh"
 
 namespace jax_topk {
 namespace {
@@ -139,13 +140,27 @@ __device__ __forceinline__ TakenKeys TakeWinners(const WinnerMasks& masks, uint3
   return {position, take};
 }
 
+// Calls visit(i, key[i]) for each set bit i of `bits`, in ascending i (set_bits.cuh: a loop
+// over the set bits where few are set).
+template <int kElems, class Visit>
+__device__ __forceinline__ void ForEachSetKey(const RowKeys<kElems>& row, uint32_t bits,
+                                              const Visit& visit) {
+  ForEachSetBit<kElems>(bits, [&](int i) { visit(i, SlotAt(row.key, i)); });
+}
+
 // Calls visit(position, column, key) for each taken key, in column order from `position`.
 template <int kElems, class Visit>
 __device__ __forceinline__ void ForEachTaken(const RowKeys<kElems>& row, TakenKeys taken,
                                              const Visit& visit) {
+  if constexpr (kElems >= kBitLoopMinSlots) {
+    ForEachSetKey(row, taken.take, [&](int i, uint32_t key) {
+      visit(taken.position++, row.first_column + i, key);
+    });
+  } else {  // the loop it always was (see MatchingKeys in topk_f32_cluster.cu)
 #pragma unroll
-  for (int i = 0; i < kElems; ++i) {
-    if (taken.take & (1u << i)) visit(taken.position++, row.first_column + i, row.key[i]);
+    for (int i = 0; i < kElems; ++i) {
+      if (taken.take & (1u << i)) visit(taken.position++, row.first_column + i, row.key[i]);
+    }
   }
 }
 
