@@ -150,10 +150,10 @@ struct ClusterShared {
 };
 
 // Bit i: key[i] is a real key matching `prefix` under `prefix_mask` (every real key for an empty
-// prefix). Branch-free, so that ForEachSetKey visits only the matching slots. Used from
-// kBitLoopMinSlots keys a thread; below it the digits' loops keep their test a slot: written
-// through this mask they compile to other SASS, measured 0.55 us a launch slower at 4 keys a
-// thread (benches/NOTES.md "set-bit loops"), and with the test a slot to the SASS they had.
+// prefix), computed without branches, for ForEachSetKey to visit only the matching slots. The
+// digits' loops use it from kBitLoopMinSlots keys a thread. Below that they keep a test a slot:
+// written through this mask, the 4-key kernel compiled to other SASS that ran 0.55 us a launch
+// slower; written as below, its SASS is what it was before (benches/NOTES.md "set-bit loops").
 template <int kElems>
 __device__ __forceinline__ uint32_t MatchingKeys(const RowKeys<kElems>& row, uint32_t prefix,
                                                  uint32_t prefix_mask) {
