@@ -4,7 +4,8 @@
 # build under ncu for each launch's duration (NCU=0 skips it). Needs nvcc and the CUDA toolkit's
 # CCCL only; no JAX, no install.
 #   VARIANTS="name:-DFLAG=1 -DOTHER=2;name2:..." (default: one variant, the library's build)
-#   (a variant's flags come first, so "base:-I/tmp/base/cuda" builds another tree's kernel)
+#   (a variant's flags come first, so "base:-I/tmp/base/cuda" builds another tree's kernel; a
+#   header missing from that tree falls back to this one's, silently)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/f32_cluster_stamps}

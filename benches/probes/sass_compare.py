@@ -9,10 +9,11 @@ which of a file's kernels it really changed.
         [--nvdisasm PATH] [--filter TEXT] [-- extra nvcc flags]
 
 builds the file from this tree's cuda/ and from the other tree's (the same relative path under
-it) for sm_90a, disassembles both and prints, for each kernel, its instruction count in each and
-whether they are the same once labels and the unnamed namespace's hash are set aside. nvdisasm
-is not in the CUDA 13.0 toolkit here; `pip download nvidia-cuda-nvdisasm` and unzip the wheel
-(its nvidia/cu13/bin/nvdisasm), or pass a toolkit's.
+it; e.g. `git worktree add /tmp/base <commit>`, then pass /tmp/base/cuda) for sm_90a,
+disassembles both and prints, for each kernel, its instruction count in each and whether they
+are the same once branch labels are renumbered and the unnamed namespace's hash is set aside.
+nvdisasm is not in the CUDA 13.0 toolkit here; `pip download nvidia-cuda-nvdisasm` and unzip
+the wheel (its nvidia/cu13/bin/nvdisasm), or pass a toolkit's.
 """
 
 from __future__ import annotations
@@ -25,17 +26,37 @@ import subprocess
 import sys
 import tempfile
 
-CCCL = "/usr/local/cuda-13.0/targets/x86_64-linux/include/cccl"
+
 FLAGS = ["-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr",
          "-gencode=arch=compute_90a,code=sm_90a"]
 
 
+# The unnamed namespace's part of a mangled name: _GLOBAL__N__<hash>_<length>_<file>_cu_<hash>.
+UNNAMED = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+")
+
+
+def cccl_include() -> str:
+    """The toolkit's CCCL headers (CUB), beside the nvcc on the PATH."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        sys.exit("sass_compare: no nvcc on the PATH")
+    root = pathlib.Path(nvcc).resolve().parent.parent
+    found = sorted(root.glob("targets/*/include/cccl")) or sorted(root.glob("include/cccl"))
+    return str(found[0]) if found else str(root / "include")
+
+
+def renumbered(lines: list[str]) -> list[str]:
+    """Branch labels renamed by first appearance, so that two kernels compare by their shape."""
+    names: dict[str, str] = {}
+    return [re.sub(r"\.L_x_\d+", lambda m: names.setdefault(m.group(0), f"L{len(names)}"), line)
+            for line in lines]
+
+
 def kernels(cuda_root: pathlib.Path, source: str, nvdisasm: str, extra: list[str],
-            work: pathlib.Path) -> dict[str, list[str]]:
-    """Each kernel's instructions (labels and the unnamed namespace's hash normalised)."""
-    cubin = work / f"{abs(hash(str(cuda_root)))}.cubin"
-    subprocess.run(["nvcc", f"-I{cuda_root}", f"-I{CCCL}", *FLAGS, *extra, "-x", "cu", "-cubin",
-                    str(cuda_root / source), "-o", str(cubin)], check=True)
+            cubin: pathlib.Path) -> dict[str, list[str]]:
+    """Each kernel's instructions, its labels renumbered and the unnamed namespace dropped."""
+    subprocess.run(["nvcc", f"-I{cuda_root}", f"-I{cccl_include()}", *FLAGS, *extra, "-x", "cu",
+                    "-cubin", str(cuda_root / source), "-o", str(cubin)], check=True)
     text = subprocess.run([nvdisasm, "-c", str(cubin)], check=True, capture_output=True,
                           text=True).stdout
     found = {}
@@ -44,12 +65,12 @@ def kernels(cuda_root: pathlib.Path, source: str, nvdisasm: str, extra: list[str
         lines = []
         for line in body.splitlines():
             line = re.sub(r"/\*[0-9a-f]+\*/", "", line).split(";")[0].strip()
-            if not line or line.startswith((".", "//")):
+            # Directives, comments, and labels (the next kernel's own name comes last).
+            if not line or line.startswith((".", "//")) or line.endswith(":"):
                 continue
-            line = re.sub(r"\.L_x_\d+", "L", line)
             line = re.sub(r"__internal_\d+_", "__internal_", line)
-            lines.append(re.sub(r"_GLOBAL__N__[0-9a-f_]+", "", line))
-        found[re.sub(r"_GLOBAL__N__[0-9a-f_]+", "", name)] = lines
+            lines.append(UNNAMED.sub("", line))
+        found[UNNAMED.sub("", name)] = renumbered(lines)
     return found
 
 
@@ -69,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     relative = pathlib.Path(*source.parts[1:])
     with tempfile.TemporaryDirectory() as work:
         ours = kernels(pathlib.Path("cuda").resolve(), str(relative), args.nvdisasm, extra,
-                       pathlib.Path(work))
+                       pathlib.Path(work) / "ours.cubin")
         theirs = kernels(pathlib.Path(args.other_cuda).resolve(), str(relative), args.nvdisasm,
-                         extra, pathlib.Path(work))
+                         extra, pathlib.Path(work) / "theirs.cubin")
     print(f"{'kernel':<70} {'this tree':>10} {'other':>10}  same SASS")
     for name in sorted(set(ours) | set(theirs)):
         if args.filter not in name:

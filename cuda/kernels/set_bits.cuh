@@ -14,7 +14,10 @@
 namespace jax_topk {
 
 // One step of SlotAt's tree: level[j] becomes level[2j + bit kBit of i] for the first
-// ceil(kCount / 2) entries, then the next bit's step.
+// ceil(kCount / 2) entries, then the next bit's step. After step b, level[j] holds
+// slots[j * 2^(b+1) + (i mod 2^(b+1))] wherever that index is below kSlots. An unpaired last
+// entry keeps level[2j]: wrong only when i's bit is 1, and then the index it stands for is past
+// kSlots, which no valid i reaches. Each step reads entries 2j and 2j + 1 >= j: safe in place.
 template <int kCount, int kBit, class T, int kSlots>
 __device__ __forceinline__ T SelectStep(T (&level)[kSlots], int i) {
   if constexpr (kCount == 1) {
@@ -48,9 +51,10 @@ __device__ __forceinline__ T SlotAt(const T (&slots)[kSlots], int i) {
 constexpr int kBitLoopMinSlots = 16;
 
 // Calls visit(i) for each set bit i of `flags` (bits >= kSlots must be clear), in ascending i.
-// A thread with at most a quarter of its slots flagged loops over its set bits (visit sees a
-// run-time i: read the slots with SlotAt); one with more takes the unrolled loop, where i is a
-// compile-time constant and SlotAt folds to the register itself.
+// From kBitLoopMinSlots slots, a thread with at most a quarter of them flagged loops over its set
+// bits (visit sees a run-time i: read the slots with SlotAt); any other takes the unrolled loop,
+// where i is a compile-time constant and SlotAt folds to the register itself. (The kernels'
+// callers under kBitLoopMinSlots slots keep loops of their own: see kBitLoopMinSlots.)
 template <int kSlots, class Visit>
 __device__ __forceinline__ void ForEachSetBit(uint32_t flags, const Visit& visit) {
   // Each lane chooses for itself: a warp-uniform choice (__all_sync) measured no faster.

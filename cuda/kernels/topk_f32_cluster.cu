@@ -341,7 +341,8 @@ __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys
 #pragma unroll
     for (int i = 0; i < kElems; ++i) {
       const uint32_t key = row.key[i];
-      // A matching key is a real key (> 0: every digit's prefix matches only real keys).
+      // Every digit's prefix matches only real keys (> 0): the key != 0 test is redundant, and
+      // kept so that this loop's SASS stays what it was (MatchingKeys).
       if (key != 0 && (key & prefix_mask) == prefix) push(i, key);
     }
   }

@@ -156,7 +156,7 @@ __device__ __forceinline__ void ForEachTaken(const RowKeys<kElems>& row, TakenKe
     ForEachSetKey(row, taken.take, [&](int i, uint32_t key) {
       visit(taken.position++, row.first_column + i, key);
     });
-  } else {  // the loop it always was (see MatchingKeys in topk_f32_cluster.cu)
+  } else {  // under kBitLoopMinSlots: the loop as it was, for the SASS it had (set_bits.cuh)
 #pragma unroll
     for (int i = 0; i < kElems; ++i) {
       if (taken.take & (1u << i)) visit(taken.position++, row.first_column + i, row.key[i]);
