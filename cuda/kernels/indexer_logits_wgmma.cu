@@ -1,12 +1,14 @@
 // indexer_logits on Hopper tensor cores (sm_90a wgmma): bf16 or fp8 e4m3 q/keys, H = 64, D = 128.
 // 1. A persistent grid (one block per SM) takes equal contiguous runs of (sequence, query tile
 //    of 4 queries (1 at M = 1), key tile of 64) units; a run's q tile stays in shared memory.
-// 2. Two warpgroups take alternate key tiles (own cp.async rings, 128B swizzle) and turns at
-//    issuing wgmma.m64n256 (keys x (query, head)): one's epilogue (relu x weight in a fixed
-//    order, 2 shuffles for the head sum) runs under the other's products. fp8 is widened to
-//    exact f16 in shared memory for f16 wgmma (FP8_NATIVE: e4m3 wgmma). 3. Key tiles past the
-//    tile's longest length are only written -inf. Traffic: keys once per query tile (from L2),
-//    logits written once. ~59 % of 800 TFLOP/s bf16 at M >= 128 on an H200 (benches/NOTES.md).
+// 2. Two warpgroups take alternate key tiles (own cp.async rings, 128B swizzle), each issuing
+//    wgmma.m64n256 (keys x (query, head)) for a tile as soon as it has read the previous
+//    tile's products out of the accumulators (relu x weight in a fixed order): the rest of
+//    that tile (the head sum over the quad, the sink, the next loads) runs under the new
+//    chain, and the other warpgroup's chain covers the read. fp8 is widened to exact f16 in
+//    shared memory for f16 wgmma (FP8_NATIVE: e4m3 wgmma). 3. Key tiles past the tile's
+//    longest length are only written -inf. Traffic: keys once per query tile (from L2),
+//    logits written once. ~80 % of 800 TFLOP/s bf16 at M >= 128 on an H200 (benches/NOTES.md).
 // A finished [queries x 64 keys] tile goes to a sink: WriteLogits (the [M, N] logits, or a pass
 // over every s-th key tile: indexer_topk's sample) or KeepCandidates (indexer_topk's filter),
 // with the same bits either way (kernels/indexer_topk.cu relies on it).
@@ -65,9 +67,11 @@ struct RowShape {
 };
 // Named barriers: 1 + warpgroup for a warpgroup's own sync; these two order the wgmma turns.
 constexpr int kFirstTurnBarrier = 3;  // warpgroup g waits on kFirstTurnBarrier + g
-// The probe builds with other values to measure what the turns and the ring depth buy.
+// The probe builds with other values to measure what the turns and the ring depth buy. Turns
+// (the warpgroups alternating at issuing) paid while each read its products right after its
+// chain; with the next chain issued early they cost ~2 % (benches/NOTES.md), so they are off.
 #ifndef JAX_TOPK_INDEXER_WGMMA_TURNS
-#define JAX_TOPK_INDEXER_WGMMA_TURNS 1
+#define JAX_TOPK_INDEXER_WGMMA_TURNS 0
 #endif
 #ifndef JAX_TOPK_INDEXER_WGMMA_STAGES
 #define JAX_TOPK_INDEXER_WGMMA_STAGES 4
@@ -79,6 +83,14 @@ constexpr bool kTakeTurns = JAX_TOPK_INDEXER_WGMMA_TURNS != 0;
 #define JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS 8
 #endif
 constexpr int kEpilogueHeadGroups = JAX_TOPK_INDEXER_WGMMA_PROBE_HEAD_GROUPS;
+// Diagnostics (wrong logits): 1 loads no key tile past the ring's first ones; 1 skips the staging
+// tile, its barrier and the sink.
+#ifndef JAX_TOPK_INDEXER_WGMMA_PROBE_NO_KEY_LOADS
+#define JAX_TOPK_INDEXER_WGMMA_PROBE_NO_KEY_LOADS 0
+#endif
+#ifndef JAX_TOPK_INDEXER_WGMMA_PROBE_NO_SINK
+#define JAX_TOPK_INDEXER_WGMMA_PROBE_NO_SINK 0
+#endif
 // fp8 k-steps chained inside one wgmma accumulation before the sum moves to float32 registers on
 // the CUDA cores (Hopper's fp8 tensor cores add with fewer bits than float32): 1 or 2 keep
 // partial sums (2 queries a tile then: registers), 4 chains all of D = 128 (4 queries a tile).
@@ -136,6 +148,9 @@ __device__ __forceinline__ void CopyChunkAsync(uint32_t dst, const void* src, in
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
+}
+__device__ __forceinline__ void CopyChunkAsync(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void CommitCopies() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -230,17 +245,22 @@ struct WriteLogits {
   __device__ static void Start(unsigned char*, int) {}
   template <int kQueriesPerTile>
   __device__ static void EndRun(const IndexerArgs&, unsigned char*, int64_t, int, int, int) {}
-  // Entry i of the tile (query i / 64, key i % 64) gets value(i).
+  // Entry i of the tile (query i / 64, key i % 64) gets value(i). A thread stores one key of
+  // every second query: one row offset computed a tile, then a pitch a store.
   template <int kQueriesPerTile, typename Value>
   __device__ static void Store(const IndexerArgs& args, int64_t sequence, int first_query,
                                int first_key, int first_column, int thread, const Value& value) {
-    for (int i = thread; i < kQueriesPerTile * kKeysPerTile; i += kThreadsPerWarpgroup) {
-      const int query = first_query + i / kKeysPerTile;
-      const int key = first_key + i % kKeysPerTile;
-      if (query < args.queries && key < args.keys_count) {
-        args.logits[(sequence * args.queries + query) * args.logits_pitch + first_column +
-                    i % kKeysPerTile] = value(i);
-      }
+    constexpr int kQueriesPerPass = kThreadsPerWarpgroup / kKeysPerTile;
+    const int key_in_tile = thread % kKeysPerTile;
+    const int query_in_pass = thread / kKeysPerTile;
+    if (first_key + key_in_tile >= args.keys_count) return;
+    float* out = args.logits +
+                 (sequence * args.queries + first_query + query_in_pass) * args.logits_pitch +
+                 first_column + key_in_tile;
+#pragma unroll
+    for (int j = query_in_pass; j < kQueriesPerTile; j += kQueriesPerPass) {
+      if (first_query + j < args.queries) *out = value(j * kKeysPerTile + key_in_tile);
+      out += kQueriesPerPass * args.logits_pitch;
     }
   }
   template <int kQueriesPerTile>
@@ -370,15 +390,18 @@ struct TileProducts {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   }
 
-  // Waits for this warpgroup's turn, issues, passes the turn on and waits for the products.
-  __device__ __forceinline__ void Compute(float (&acc)[kCols / 2], int warpgroup,
-                                          uint64_t desc_keys, uint64_t desc_q) {
+  // Waits for this warpgroup's turn, issues the tile's chain and passes the turn on; the products
+  // land while the warpgroup finishes the previous tile (Wait collects them). Partial chains add
+  // on the CUDA cores between chains, so they issue, add and wait here.
+  __device__ __forceinline__ void Issue(float (&acc)[kCols / 2], int warpgroup, uint64_t desc_keys,
+                                        uint64_t desc_q) {
     WaitTurn(warpgroup);
+    FenceAccumulators(acc);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     if constexpr (kPartials == 0) {
       IssueChain(acc, 0, desc_keys, desc_q);
       PassTurn(warpgroup);  // the other warpgroup's chain queues behind this one
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      FenceAccumulators(acc);
     } else {
       // Chains 0 and 1 in flight; each finished one is added (in chain order) and its
       // registers take chain c + 2.
@@ -394,9 +417,7 @@ struct TileProducts {
         } else {
           asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         }
-        // The compiler must not read the registers before the wait.
-#pragma unroll
-        for (int i = 0; i < kCols / 2; ++i) asm volatile("" : "+f"(done[i])::"memory");
+        FenceAccumulators(done);  // the compiler must not read the registers before the wait
 #pragma unroll
         for (int i = 0; i < kCols / 2; ++i) acc[i] = chain == 0 ? done[i] : acc[i] + done[i];
         if (chain + 2 < kChains) {
@@ -407,7 +428,47 @@ struct TileProducts {
       }
     }
   }
+  // The issued tile's products are in `acc`.
+  __device__ __forceinline__ static void Wait(float (&acc)[kCols / 2]) {
+    if constexpr (kPartials == 0) {
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      FenceAccumulators(acc);
+    }
+  }
+  // Registers the async products write: no read or write of them may move across this.
+  __device__ __forceinline__ static void FenceAccumulators(float (&registers)[kCols / 2]) {
+#pragma unroll
+    for (int i = 0; i < kCols / 2; ++i) asm volatile("" : "+f"(registers[i])::"memory");
+  }
 };
+
+// Sums `slots` over the 4 lanes of a quad; lane % 4 = c keeps slots c + 4 n (n < kSlots / 4) in
+// `finished`, or with 2 slots slot c % 2 (lanes c < 2 store it). Each level halves the slots: a
+// lane sends the half its partner keeps. Every lane's sum is (l0 + l1) + (l2 + l3) exactly.
+template <int kSlots, int kFinished = (kSlots >= 4 ? kSlots / 4 : 1)>
+__device__ __forceinline__ void HeadSumOverQuad(const float (&slots)[kSlots], int lane,
+                                                float (&finished)[kFinished]) {
+  static_assert(kSlots == 2 || kSlots % 4 == 0);
+  const bool odd = (lane & 1) != 0;
+  float half[kSlots / 2];
+#pragma unroll
+  for (int m = 0; m < kSlots / 2; ++m) {
+    const float send = odd ? slots[2 * m] : slots[2 * m + 1];
+    const float keep = odd ? slots[2 * m + 1] : slots[2 * m];
+    half[m] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, 1);
+  }
+  if constexpr (kSlots == 2) {
+    finished[0] = half[0] + __shfl_xor_sync(0xFFFFFFFFu, half[0], 2);
+  } else {
+    const bool upper = (lane & 2) != 0;
+#pragma unroll
+    for (int n = 0; n < kSlots / 4; ++n) {
+      const float send = upper ? half[2 * n] : half[2 * n + 1];
+      const float keep = upper ? half[2 * n + 1] : half[2 * n];
+      finished[n] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, 2);
+    }
+  }
+}
 
 template <typename Input, int kQueriesPerTile, bool kHasScales, typename Sink>
 __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const IndexerArgs args) {
@@ -419,9 +480,20 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   constexpr int kStageBytes = Shape::kStageBytes;
   constexpr int kChunksPerRow = RowShape<Input>::kGlobalChunks;  // as loaded
   constexpr int kElemsPerChunk = kChunkBytes / static_cast<int>(sizeof(Bits));
+  constexpr int kSlots = 2 * kQueriesPerTile;  // (query, key row) sums a thread finishes
+  constexpr int kStoredSlots = kSlots >= 4 ? kSlots / 4 : 1;
+  // A tile's copies: each thread one chunk column, rows kRowsPerCopy apart (a multiple of 8).
+  constexpr int kRowsPerCopy = kThreadsPerWarpgroup / kChunksPerRow;
+  constexpr int kCopiesPerThread = kKeysPerTile / kRowsPerCopy;
+  static_assert(kRowsPerCopy % 8 == 0 && kKeysPerTile % kRowsPerCopy == 0);
+  // A converting input's stage is row-major as loaded; the others' the swizzled operand.
+  constexpr int kCopyStride =
+      kRowsPerCopy * (Input::kConvert ? RowShape<Input>::kGlobalBytes : kRowBytes);
   extern __shared__ unsigned char shared_raw[];
-  unsigned char* shared = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(shared_raw) + kAtomBytes - 1) & ~uintptr_t{kAtomBytes - 1});
+  // Aligned by an offset from the array (not by casting an integer back), so the compiler
+  // knows every pointer below is shared memory: LDS / STS, not generic loads and stores.
+  unsigned char* shared =
+      shared_raw + ((kAtomBytes - SharedAddress(shared_raw) % kAtomBytes) % kAtomBytes);
   unsigned char* q_tile = shared + Shape::kQOffset;
   float* weights_tile = reinterpret_cast<float*>(shared + Shape::kWeightsOffset);
   int32_t* lengths_tile = reinterpret_cast<int32_t*>(shared + Shape::kLengthsOffset);
@@ -430,6 +502,11 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   const int thread = threadIdx.x % kThreadsPerWarpgroup;
   const int warp = thread / 32;
   const int lane = thread % 32;
+  const int copy_row = thread / kChunksPerRow;
+  const int copy_chunk = thread % kChunksPerRow;
+  const uint32_t copy_offset = Input::kConvert
+                                   ? thread * kChunkBytes
+                                   : SwizzledOffset(copy_row, copy_chunk, kKeysPerTile);
   unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * Shape::kWarpgroupKeyBytes;
   unsigned char* my_operand = my_stages + kStages * kStageBytes;  // converting inputs only
   // The sink's own shared memory, after the kernel's: a part for each warpgroup.
@@ -513,12 +590,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     __syncthreads();
 
     int32_t longest = 0;
-    int32_t lengths[kQueriesPerTile];
 #pragma unroll
-    for (int j = 0; j < kQueriesPerTile; ++j) {
-      lengths[j] = lengths_tile[j];
-      longest = std::max(longest, lengths[j]);
-    }
+    for (int j = 0; j < kQueriesPerTile; ++j) longest = std::max(longest, lengths_tile[j]);
     // The pass's tiles that start below `longest`.
     const int visible_tiles =
         ((longest + kKeysPerTile - 1) / kKeysPerTile + key_tile_stride - 1) / key_tile_stride;
@@ -533,47 +606,42 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     // of turns (warpgroup 1 may have one tile fewer).
     const int my_tiles = std::max(0, (visible_end_tile - first_tile - warpgroup + 1) / kWarpgroups);
     const int turns = (visible_end_tile - first_tile + 1) / kWarpgroups;
+    const auto first_key_of = [&](int index) {
+      return key_of_tile(first_tile + warpgroup + kWarpgroups * index);
+    };
+    // This thread's copies of a tile: chunk copy_chunk of rows copy_row + kRowsPerCopy c. A
+    // row's place in its 8-row atom, hence the chunk's swizzle, is the same for every c.
     auto load_tile = [&](int index) {
-      const int first_key = key_of_tile(first_tile + warpgroup + kWarpgroups * index);
-      unsigned char* stage = my_stages + (index % kStages) * kStageBytes;
+      const int first_key = first_key_of(index);
+      const Bits* src = sequence_keys + static_cast<int64_t>(first_key + copy_row) * kHeadDim +
+                        copy_chunk * kElemsPerChunk;
+      const uint32_t stage = SharedAddress(my_stages + (index % kStages) * kStageBytes);
+      if (first_key + kKeysPerTile <= args.keys_count) {  // every row inside: fixed offsets
 #pragma unroll
-      for (int j = 0; j < kKeysPerTile * kChunksPerRow / kThreadsPerWarpgroup; ++j) {
-        const int i = thread + j * kThreadsPerWarpgroup;
-        const int row = i / kChunksPerRow;
-        const int chunk = i % kChunksPerRow;
-        const bool inside = first_key + row < args.keys_count;
-        const void* src = inside
-                              ? sequence_keys + static_cast<int64_t>(first_key + row) * kHeadDim +
-                                    chunk * kElemsPerChunk
-                              : args.keys;
-        // A converting input's stage is row-major as loaded; the operand is swizzled.
-        const uint32_t offset =
-            Input::kConvert ? i * kChunkBytes : SwizzledOffset(row, chunk, kKeysPerTile);
-        CopyChunkAsync(SharedAddress(stage + offset), src, inside ? 16 : 0);
+        for (int c = 0; c < kCopiesPerThread; ++c)
+          CopyChunkAsync(stage + copy_offset + c * kCopyStride, src + c * kRowsPerCopy * kHeadDim);
+      } else {  // the sequence's last tile: rows past its end are zeros
+        const int rows_left = args.keys_count - first_key - copy_row;
+#pragma unroll
+        for (int c = 0; c < kCopiesPerThread; ++c) {
+          const bool inside = c * kRowsPerCopy < rows_left;
+          CopyChunkAsync(stage + copy_offset + c * kCopyStride,
+                         inside ? static_cast<const void*>(src + c * kRowsPerCopy * kHeadDim)
+                                : args.keys,
+                         inside ? 16 : 0);
+        }
       }
     };
-#pragma unroll
-    for (int index = 0; index < kStages - 1; ++index) {
-      if (index < my_tiles) load_tile(index);
-      CommitCopies();
-    }
+    // Tile `index` landed (and widened), its chain issued; then the load of the tile that goes
+    // into the stage the previous chain read (that chain is done: every thread waited for it
+    // before the barrier here).
     const uint64_t desc_q = SwizzledOperandDescriptor(SharedAddress(q_tile));
-    for (int index = 0; index < turns; ++index) {
-      if (index == my_tiles) {  // warpgroup 1's empty last turn
-        WaitTurn(warpgroup);
-        PassTurn(warpgroup);
-        break;
-      }
+    auto issue_tile = [&](int index) {
       WaitCopies<kStages - 2>();
       FenceForTensorCores();
-      WarpgroupBarrier(warpgroup);  // tile `index` is in; everyone is done with index - 1
-      if (index + kStages - 1 < my_tiles) load_tile(index + kStages - 1);
-      CommitCopies();
-
+      WarpgroupBarrier(warpgroup);
       unsigned char* stage = my_stages + (index % kStages) * kStageBytes;
-      if constexpr (Input::kConvert) {
-        // The previous tile's wgmma is done (waited before its epilogue): widen into the
-        // operand, then make every thread's stores visible to the tensor cores.
+      if constexpr (Input::kConvert) {  // widen into the operand, visible to the tensor cores
 #pragma unroll
         for (int j = 0; j < kKeysPerTile * kChunksPerRow / kThreadsPerWarpgroup; ++j) {
           const int i = thread + j * kThreadsPerWarpgroup;
@@ -590,26 +658,28 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       }
       const uint64_t desc_keys =
           SwizzledOperandDescriptor(SharedAddress(Input::kConvert ? my_operand : stage));
-      products.Compute(acc, warpgroup, desc_keys, desc_q);
-
-      // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
-      // 8 j + 2 (lane % 4) + e: query j / 8, head 8 (j % 8) + 2 (lane % 4) + e.
-      const int tile_index = first_tile + warpgroup + kWarpgroups * index;
-      const int first_key = key_of_tile(tile_index);
-      const int row0 = 16 * warp + lane / 4;
+      products.Issue(acc, warpgroup, desc_keys, desc_q);
+      if (index + kStages - 1 < my_tiles && !JAX_TOPK_INDEXER_WGMMA_PROBE_NO_KEY_LOADS)
+        load_tile(index + kStages - 1);
+      CommitCopies();
+    };
+    // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
+    // 8 j + 2 (lane % 4) + e: query j / 8, head 8 (j % 8) + 2 (lane % 4) + e. Its share of slot
+    // s = 2 query + r is the relu x weight sum over its 16 heads of the query at key row0 + 8 r.
+    const int row0 = 16 * warp + lane / 4;
+    auto reduce_tile = [&](int index, float (&sums)[kSlots]) {
       float scales[2] = {1.0f, 1.0f};
       if (kHasScales) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int key = first_key + row0 + 8 * r;
+          const int key = first_key_of(index) + row0 + 8 * r;
           scales[r] = key < args.keys_count ? sequence_scales[key] : 0.0f;
         }
       }
-      float sums[kQueriesPerTile][2];
 #pragma unroll
       for (int query = 0; query < kQueriesPerTile; ++query) {
-        sums[query][0] = 0.0f;
-        sums[query][1] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) sums[2 * query + r] = 0.0f;
 #pragma unroll
         for (int j8 = 0; j8 < kEpilogueHeadGroups; ++j8) {
           const int j = query * 8 + j8;
@@ -620,30 +690,60 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
             const float product0 = kHasScales ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
             const float product1 =
                 kHasScales ? scales[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
-            sums[query][r] = fmaf(weight.x, ReluKeepingNan(product0), sums[query][r]);
-            sums[query][r] = fmaf(weight.y, ReluKeepingNan(product1), sums[query][r]);
+            float& sum = sums[2 * query + r];
+            sum = fmaf(weight.x, ReluKeepingNan(product0), sum);
+            sum = fmaf(weight.y, ReluKeepingNan(product1), sum);
           }
         }
       }
+    };
+    // The quad's head sums to the staging tile (-inf past each query's length), then the sink.
+    auto finish_tile = [&](int index, const float (&sums)[kSlots]) {
+      const int tile_index = first_tile + warpgroup + kWarpgroups * index;
+      const int first_key = key_of_tile(tile_index);
+      if (JAX_TOPK_INDEXER_WGMMA_PROBE_NO_SINK) {  // keep the sums live, store nothing
+        float all = 0.0f;
 #pragma unroll
-      for (int query = 0; query < kQueriesPerTile; ++query) {
+        for (int slot = 0; slot < kSlots; ++slot) all += sums[slot];
+        if (all == 1.2345f) my_staging[thread] = all;
+        return;
+      }
+      // Lane % 4 = c ends with slots c + 4 n: 6 shuffles for 8 slots (a butterfly: 16).
+      float finished[kStoredSlots];
+      HeadSumOverQuad<kSlots>(sums, lane, finished);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float sum = sums[query][r];
-          sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-          sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
-          const int slot = query * 2 + r;  // the quad's lane slot % 4 writes it
-          const int key_in_tile = row0 + 8 * r;
-          if (slot % 4 == lane % 4) {
-            my_staging[query * kKeysPerTile + key_in_tile] =
-                first_key + key_in_tile < lengths[query] ? sum : -INFINITY;
-          }
+      for (int n = 0; n < kStoredSlots; ++n) {
+        const int slot = kSlots >= 4 ? 4 * n + lane % 4 : lane % 4;
+        const int query = slot / 2;
+        const int key_in_tile = row0 + 8 * (slot % 2);
+        if (kSlots >= 4 || lane % 4 < kSlots) {
+          my_staging[query * kKeysPerTile + key_in_tile] =
+              first_key + key_in_tile < lengths_tile[query] ? finished[n] : -INFINITY;
         }
       }
       WarpgroupBarrier(warpgroup);
       Sink::template Tile<kQueriesPerTile>(args, my_sink_space, sequence, first_query, first_key,
                                            tile_index * kKeysPerTile, my_staging, thread,
                                            warpgroup);
+    };
+#pragma unroll
+    for (int index = 0; index < kStages - 1; ++index) {
+      if (index < my_tiles) load_tile(index);
+      CommitCopies();
+    }
+    // Tile index's chain runs while tile index - 1 is finished: its products were read into
+    // `sums` before the chain was issued.
+    float sums[kSlots];
+    for (int index = 0; index < my_tiles; ++index) {
+      issue_tile(index);
+      if (index > 0) finish_tile(index - 1, sums);
+      products.Wait(acc);
+      reduce_tile(index, sums);
+    }
+    if (my_tiles > 0) finish_tile(my_tiles - 1, sums);
+    if (my_tiles < turns) {  // warpgroup 1's empty last turn
+      WaitTurn(warpgroup);
+      PassTurn(warpgroup);
     }
     WaitCopies<0>();  // no copy may land in a stage after the next run starts
     Sink::template EndRun<kQueriesPerTile>(args, my_sink_space, sequence, first_query, thread,
