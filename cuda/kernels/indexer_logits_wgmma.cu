@@ -705,7 +705,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         float all = 0.0f;
 #pragma unroll
         for (int slot = 0; slot < kSlots; ++slot) all += sums[slot];
-        if (all == 1.2345f) my_staging[thread] = all;
+        if (all == 1.2345f) my_staging[0] = all;  // inside this warpgroup's staging
         return;
       }
       // Lane % 4 = c ends with slots c + 4 n: 6 shuffles for 8 slots (a butterfly: 16).
