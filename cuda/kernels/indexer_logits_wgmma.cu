@@ -606,9 +606,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     // of turns (warpgroup 1 may have one tile fewer).
     const int my_tiles = std::max(0, (visible_end_tile - first_tile - warpgroup + 1) / kWarpgroups);
     const int turns = (visible_end_tile - first_tile + 1) / kWarpgroups;
-    const auto first_key_of = [&](int index) {
-      return key_of_tile(first_tile + warpgroup + kWarpgroups * index);
-    };
+    const auto tile_of = [&](int index) { return first_tile + warpgroup + kWarpgroups * index; };
+    const auto first_key_of = [&](int index) { return key_of_tile(tile_of(index)); };
     // This thread's copies of a tile: chunk copy_chunk of rows copy_row + kRowsPerCopy c. A
     // row's place in its 8-row atom, hence the chunk's swizzle, is the same for every c.
     auto load_tile = [&](int index) {
@@ -699,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     };
     // The quad's head sums to the staging tile (-inf past each query's length), then the sink.
     auto finish_tile = [&](int index, const float (&sums)[kSlots]) {
-      const int tile_index = first_tile + warpgroup + kWarpgroups * index;
+      const int tile_index = tile_of(index);
       const int first_key = key_of_tile(tile_index);
       if (JAX_TOPK_INDEXER_WGMMA_PROBE_NO_SINK) {  // keep the sums live, store nothing
         float all = 0.0f;
