@@ -4,6 +4,11 @@
 and k. The routes differ in speed only; every one gives the contract's result bit for bit
 (on the CPU they all run the one CPU algorithm). The values' JVP is jax.lax.top_k's:
 the operand's tangent gathered at the indices, zero in empty (-1) slots.
+
+k above the kernels' 2048 takes them in rounds (`_select_in_rounds`): ranks 1..2048, then
+2049..4096 of the row with the first round's winners masked out, and so on. The contract's
+order (key descending, then column ascending) is a strict total order on a row's
+candidates, so the top k2 of what is left after the first k1 are exactly ranks k1+1..k1+k2.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from . import _checks, _fallback
 from ._api import as_int32
@@ -33,13 +39,35 @@ class Route(enum.Enum):
     SMALL_ROWS = "small_rows"  # a warp a row, the row in registers (MoE routing)
     REGISTER_ROWS = "topk_bf16"  # a block a row, a 16-bit row in registers
     FILTERED = "topk_filtered"  # a sample proposes a cutoff, one pass keeps the candidates
-    SORT = "sort"  # exact pure JAX: other dtypes, k > 2048
+    ROUNDS = "rounds"  # k > 2048: the routes above, 2048 winners a round
+    SORT = "sort"  # exact pure JAX (one sort of the row): other dtypes, very large k
 
 
-def route(dtype, n: int, k: int) -> Route:
-    """The kernel for rows of `n` elements of `dtype` and `k` winners."""
-    if dtype not in FAST_DTYPES or k > MAX_K:
+def rounds(k: int) -> int:
+    """How many rounds of at most MAX_K winners make k."""
+    return -(-k // MAX_K)
+
+
+def max_rounds(rows: int, n: int) -> int:
+    """The most rounds before one sort of the rows is the faster way. A round costs a kernel
+    call and a masking pass over the rows, the sort about n log n a row whatever k is.
+    Measured on an H200 (benches/NOTES.md "top_k past 2048: rounds"), the sort overtakes
+    the rounds at ~21 rounds for 64 x 131072 float32, ~9.5 for 8 x 131072, ~7.6 for
+    64 x 32768 and ~5 for 4096 x 8192 (short rows sort fast) or a single long row (one row
+    leaves the GPU idle in each round)."""
+    if n >= 65536 and rows * n >= 2**20:
+        return 8
+    if rows * n >= 2**21:
+        return 4
+    return 2
+
+
+def route(dtype, n: int, k: int, rows: int = 1) -> Route:
+    """The kernel for `rows` rows of `n` elements of `dtype` and `k` winners."""
+    if dtype not in FAST_DTYPES:
         return Route.SORT
+    if k > MAX_K:
+        return Route.ROUNDS if rounds(k) <= max_rounds(rows, n) else Route.SORT
     if n <= SMALL_ROWS_MAX_WIDTH and k <= SMALL_ROWS_MAX_K:
         return Route.SMALL_ROWS
     if dtype.itemsize == 2 and n <= MAX_BF16_WIDTH:
@@ -49,9 +77,12 @@ def route(dtype, n: int, k: int) -> Route:
 
 def _select(operand, lengths, *, k: int, sorted: bool):
     """(values, indices) of 2-D rows by the route's kernel."""
-    chosen = route(operand.dtype, operand.shape[1], k)
+    rows, n = operand.shape
+    chosen = route(operand.dtype, n, k, rows)
     if chosen is Route.SORT:
         return _fallback.select_with_values(operand, lengths, k=k, sorted=sorted)
+    if chosen is Route.ROUNDS:
+        return _select_in_rounds(operand, lengths, k=k, sorted=sorted)
     params = Params(
         op=chosen.value,
         k=k,
@@ -70,6 +101,43 @@ def _select(operand, lengths, *, k: int, sorted: bool):
         num_valid_rows=Operands.absent(1),
     )
     indices, values = PRIMITIVES[chosen.value].bind(*operands, params=params)
+    return values, indices
+
+
+def _select_in_rounds(operand, lengths, *, k: int, sorted: bool):
+    """(values, indices) for k > MAX_K, MAX_K winners a round in rank order (the last round
+    the rest). Before each later round, every element ranked at or above the previous
+    round's last winner (its ordered key and column) turns NaN, which is never a candidate;
+    a row whose round came up short (a -1 in its last slot) has no candidates left and
+    turns NaN whole. The mask is elementwise against a per-row boundary taken from the
+    round's own results, so it fuses into one pass over the row and keeps the row's
+    sharding (no gather across columns)."""
+    rows, n = operand.shape
+    keys, _ = _fallback.ordered_keys(operand)
+    columns = lax.broadcasted_iota(jnp.int32, (rows, n), 1)
+    not_a_candidate = jnp.array(jnp.nan, operand.dtype)
+    remaining = operand
+    values_by_round, indices_by_round = [], []
+    taken = 0
+    while taken < k:
+        round_k = min(MAX_K, k - taken)
+        values, indices = _select(remaining, lengths, k=round_k, sorted=True)
+        values_by_round.append(values)
+        indices_by_round.append(indices)
+        taken += round_k
+        if taken < k:
+            last_column = indices[:, -1:]
+            last_key, _ = _fallback.ordered_keys(values[:, -1:])
+            ranked_above = (keys > last_key) | ((keys == last_key) & (columns <= last_column))
+            remaining = jnp.where(ranked_above | (last_column < 0), not_a_candidate, operand)
+    values = jnp.concatenate(values_by_round, axis=1)
+    indices = jnp.concatenate(indices_by_round, axis=1)
+    if not sorted:  # ascending columns, the empty (-1) slots last as the kernels leave them
+        int32_max = np.iinfo(np.int32).max
+        by_column, values = lax.sort(
+            (jnp.where(indices < 0, int32_max, indices), values), dimension=1, num_keys=1
+        )
+        indices = jnp.where(by_column == int32_max, -1, by_column)
     return values, indices
 
 
@@ -99,7 +167,8 @@ def top_k(operand, k, *, lengths=None, sorted=True):
     index -1 and value -inf (an integer dtype's minimum). `sorted=True` gives rank order,
     `sorted=False` the same set in ascending column order. `values` is differentiable: its
     tangent is the operand's tangent at `indices`. float32, bfloat16 and float16 run on
-    the fast kernels (k <= 2048); other dtypes and larger k take an exact slower path.
+    the fast kernels (k <= 2048 a round, 2 to 8 rounds by the rows' size); other dtypes and
+    larger k take an exact slower path (one sort of the row).
     """
     operand = jnp.asarray(operand)
     leading, n = _checks.check_top_k_operand(operand)

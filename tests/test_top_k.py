@@ -172,6 +172,73 @@ def test_matches_reference(backend, dtype, rows, n, k):
             assert_same_bits(values, ref_values, family)
 
 
+def round_boundary_rows(rng, n, dtype):
+    """Rows for k past 2048 (top_k's rounds of 2048): a tie group over ranks 1900..4300
+    (both round boundaries inside it), ties of +0 and -0 across rank 2048, NaN between
+    the winners, -inf from rank 3000 on, and a row of one value."""
+    dtype = np.dtype(dtype)
+    ladder = np.arange(n, 0, -1).astype(np.float32) / n  # distinct in float32
+    ties = ladder.copy()
+    ties[1900:4300] = ties[1900]
+    zeros = ladder.copy()
+    zeros[2000:2100] = 0.0
+    zeros[2100:2200] = -0.0
+    zeros[2200:] = -ladder[2200:]
+    holes = ladder.copy()
+    holes[::7] = np.nan
+    tail = ladder.copy()
+    tail[3000:] = -np.inf
+    rows = [ties, zeros, holes, tail, np.full(n, 0.25, np.float32)]
+    return np.stack([rng.permutation(r) for r in rows]).astype(dtype)
+
+
+@functools.cache
+def _jitted_rounds(k, sorted):
+    """top_k's rounds forced whatever the route rule picks (the rule only trades speed)."""
+    from jax_topk._top_k import _select_in_rounds
+
+    return jax.jit(lambda x, lengths: _select_in_rounds(x, lengths, k=k, sorted=sorted))
+
+
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+def test_rounds_at_their_boundaries(backend, dtype):
+    """k past 2048 is served in rounds of 2048 (each later round with the earlier winners
+    masked): ties, signed zeros, NaN and -inf across the round boundaries, lengths ending
+    inside each round, k at 2 x 2048 - 1 .. 2 x 2048 + 1 and four rounds, both orders;
+    through top_k (its route) and through the rounds forced."""
+    rng = np.random.default_rng(19)
+    n = 9000
+    operand = round_boundary_rows(rng, n, dtype)
+    rows = operand.shape[0]
+    device = device_for(backend)
+    for k in (4095, 4096, 4097, 6500):
+        for lengths in (None, rng.choice([0, 2047, 2049, 4096, 4200, 9000], size=rows)):
+            for sorted_ in (True, False):
+                ref_values, ref_indices = reference_top_k(operand, k, lengths, sorted_)
+                full = np.full(rows, n) if lengths is None else lengths
+                forced = _jitted_rounds(k, sorted_)(
+                    jax.device_put(operand, device), jax.device_put(full.astype(np.int32), device)
+                )
+                for values, indices in (run_top_k(backend, operand, k, lengths, sorted_), forced):
+                    msg = f"k={k} sorted={sorted_}"
+                    np.testing.assert_array_equal(np.asarray(indices), ref_indices, err_msg=msg)
+                    assert_same_bits(np.asarray(values), ref_values, msg)
+
+
+def test_route_past_2048():
+    """k past 2048 goes to rounds while they beat one sort of the rows (2 rounds always, 4
+    from 2^21 elements, 8 from 2^20 elements of rows of 65536 or more), then to the sort;
+    dtypes the kernels do not read always sort."""
+    from jax_topk._top_k import Route, route
+
+    f32 = np.dtype("float32")
+    assert route(f32, 131072, 2048, rows=64) is Route.FILTERED
+    for rows, n, most in ((1, 131072, 2), (64, 32768, 4), (4096, 8192, 4), (8, 131072, 8)):
+        assert route(f32, n, 2048 * most, rows) is Route.ROUNDS, (rows, n)
+        assert route(f32, n, 2048 * most + 1, rows) is Route.SORT, (rows, n)
+    assert route(np.dtype("int32"), 131072, 2049, rows=64) is Route.SORT
+
+
 def test_nan_never_selected_and_empty_slots(backend):
     """NaN (either sign) is never selected: its slots are index -1 and value -inf."""
     row = np.array([[np.nan, 1.0, -np.nan, -np.inf, np.nan]], np.float32)
