@@ -379,3 +379,46 @@ def test_gpu_fp8_swamped_k_steps_within_bound():
     got = run(jax_topk.indexer_logits, "gpu", q, keys, weights)
     want, scale = reference_logits(q, keys, weights)
     assert (np.abs(got.astype(np.float64) - want) <= TOLERANCE[FP8] * scale).all()
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_key_scales_after_or_before_the_head_sum():
+    """fp8 at H = 64, D = 128 on the tensor-core kernel: a finite key scale >= 0 multiplies the
+    finished head sum, any other (negative, -0) each product before its relu, and a query
+    whose weights are too large for the unscaled sum (1e37: the head sum of weight x relu(dot)
+    passes float32's largest where the scaled products' sum does not) keeps every product
+    scaled. Every logit within the bound of the float64 reference, finite where that is, and
+    indexer_topk equal to topk_filtered of the logits."""
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    rng = np.random.default_rng(21)
+    queries, heads, head_dim, n = 9, 64, 128, 1100
+    q, keys, weights = make_inputs(rng, queries, heads, head_dim, n, dtype=FP8)
+    q = np.abs(q.astype(np.float32)).astype(FP8)
+    keys[: n // 2] = np.abs(keys[: n // 2].astype(np.float32)).astype(FP8)  # positive dots
+    weights[4] = 1e37  # query 4: an unscaled head sum overflows
+    weights[5, ::2] = -1e36  # query 5: large of both signs
+    key_scales = rng.uniform(1e-9, 2.0, size=n).astype(np.float32)
+    key_scales[:544:3] = 1e-6  # query 4: finite logits whose unscaled head sum overflows
+    # The other kinds only from key 896 on: a warp reads 16 keys, and one key that needs
+    # per-product scales sends its whole warp that way, so keys below 896 (positive scales)
+    # would take the scales after the head sum but for the weights' guard.
+    key_scales[896::5] = 0.0
+    key_scales[897::5] = -0.0
+    key_scales[898::5] = -rng.uniform(0.01, 2.0, size=len(key_scales[898::5]))
+    key_scales[899::5] = 1e-20
+    key_scales[900::5] = 3e20
+    lengths = np.array([n, n, 0, 1, n, n, 700, n - 1, 64], np.int32)
+    kwargs = dict(lengths=lengths, key_scales=key_scales)
+    got = run(jax_topk.indexer_logits, "gpu", q, keys, weights, **kwargs).astype(np.float64)
+    want, scale = reference_logits(q, keys, weights, lengths, key_scales)
+    largest = np.finfo(np.float32).max
+    finite = np.isfinite(want) & (np.abs(want) <= largest)
+    # The case meant: query 4 has finite logits whose unscaled head sum is past float32.
+    unscaled, _ = reference_logits(q[4:5], keys, weights[4:5])
+    assert (finite[4] & (unscaled[0] > largest)).sum() > 10
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    assert (np.abs(got[finite] - want[finite]) <= TOLERANCE[FP8] * scale[finite]).all()
+    _assert_topk_matches("gpu", q, keys, weights, lengths, k=512, key_scales=key_scales)

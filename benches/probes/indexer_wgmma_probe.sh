@@ -9,7 +9,7 @@ out=${OUT:-/tmp}
 flags="-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -DJAX_TOPK_INDEXER_WGMMA_SM90A -Icuda"
 for variant in "$@"; do
   name=${variant%%:*}; defs=${variant#*:}
-  nvcc $flags $defs benches/probes/indexer_wgmma_probe.cu -o /tmp/probe_$name &
+  nvcc $defs $flags benches/probes/indexer_wgmma_probe.cu -o /tmp/probe_$name &  # defs first: -I of another tree wins
 done
 wait
 first=1

@@ -187,6 +187,13 @@ __device__ __forceinline__ float ReluKeepingNan(float x) {
   return relu;
 }
 
+// fp8 inputs bound every dot: |dot| <= 128 x 448^2 (2.6e7). With every |weight| of a query at most
+// kScaleAfterSumWeight, no partial head sum of relu(dot) x weight reaches float32's largest
+// (64 x 1e28 x 2.6e7 = 1.6e37), so a key's scale may multiply the finished sum instead of each
+// product without overflowing where the product-by-product sum would not.
+constexpr float kScaleAfterSumWeight = 1e28f;
+constexpr float kLargestFloat = 3.4028235e38f;
+
 // 16 e4m3 codes (a loaded chunk) -> 16 exact f16 (two operand chunks), NaN kept.
 __device__ __forceinline__ void WidenFp8Chunk(const uint4& codes, uint4 (&halves)[2]) {
   const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
@@ -569,11 +576,18 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       }
     }
     CommitCopies();
+    // fp8 with key scales: whether a weight of the run is too large to take the scales after
+    // the head sum (below); NaN counts.
+    constexpr bool kMayScaleAfterSum = kHasScales && sizeof(Bits) == 1;
+    bool weight_too_large = false;
     for (int i = threadIdx.x; i < kCols; i += kThreads) {
       const int query = first_query + i / kHeads;
-      weights_tile[i] = query < args.queries
-                            ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
-                            : 0.0f;
+      const float weight =
+          query < args.queries
+              ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
+              : 0.0f;
+      weights_tile[i] = weight;
+      if (kMayScaleAfterSum) weight_too_large |= !(fabsf(weight) <= kScaleAfterSumWeight);
     }
     if (threadIdx.x < kQueriesPerTile) {
       const int query = first_query + threadIdx.x;
@@ -587,7 +601,12 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     }
     WaitCopies<0>();
     FenceForTensorCores();
-    __syncthreads();
+    bool run_weights_too_large = false;
+    if constexpr (kMayScaleAfterSum) {
+      run_weights_too_large = __syncthreads_or(weight_too_large) != 0;
+    } else {
+      __syncthreads();
+    }
 
     int32_t longest = 0;
 #pragma unroll
@@ -665,35 +684,57 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
     // 8 j + 2 (lane % 4) + e: query j / 8, head 8 (j % 8) + 2 (lane % 4) + e. Its share of slot
     // s = 2 query + r is the relu x weight sum over its 16 heads of the query at key row0 + 8 r.
+    // A key's scale: for fp8 inputs, where both of the thread's keys have a finite scale >= 0
+    // and the run's weights are not too large (kScaleAfterSumWeight), relu(scale x dot) =
+    // scale x relu(dot), so the scales multiply the finished sums (`scale_after_sum`: one
+    // multiply a slot instead of one a product; the epilogue's issue bounds this kernel). Any
+    // other case multiplies each product before its relu, as the contract states it. Both stay
+    // within SPEC's bound (the sum's rounding is relative to the sum of |weight x scale x dot|).
     const int row0 = 16 * warp + lane / 4;
+    float scale_after_sum[2] = {1.0f, 1.0f};
     auto reduce_tile = [&](int index, float (&sums)[kSlots]) {
       float scales[2] = {1.0f, 1.0f};
+      bool scale_each_product = !kMayScaleAfterSum || run_weights_too_large;
       if (kHasScales) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int key = first_key_of(index) + row0 + 8 * r;
           scales[r] = key < args.keys_count ? sequence_scales[key] : 0.0f;
+          // False for NaN too; -0 counts as 0.
+          scale_each_product |= !(scales[r] >= 0.0f && scales[r] <= kLargestFloat);
         }
+        // One way a warp: a key of the other kind sends its whole warp the per-product way
+        // (divergent, a warp would run both: 20 % slower on the probe's mixed scales).
+        if (kMayScaleAfterSum) scale_each_product = __any_sync(0xFFFFFFFFu, scale_each_product);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) scale_after_sum[r] = scale_each_product ? 1.0f : scales[r];
       }
+      const auto sum_heads = [&](bool scaled) {
 #pragma unroll
-      for (int query = 0; query < kQueriesPerTile; ++query) {
+        for (int query = 0; query < kQueriesPerTile; ++query) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) sums[2 * query + r] = 0.0f;
+          for (int r = 0; r < 2; ++r) sums[2 * query + r] = 0.0f;
 #pragma unroll
-        for (int j8 = 0; j8 < kEpilogueHeadGroups; ++j8) {
-          const int j = query * 8 + j8;
-          // Heads 8 j8 + 2 (lane % 4) + {0, 1} of this query (broadcast within the quads).
-          const float2 weight = reinterpret_cast<const float2*>(weights_tile)[j * 4 + lane % 4];
+          for (int j8 = 0; j8 < kEpilogueHeadGroups; ++j8) {
+            const int j = query * 8 + j8;
+            // Heads 8 j8 + 2 (lane % 4) + {0, 1} of this query (broadcast within the quads).
+            const float2 weight = reinterpret_cast<const float2*>(weights_tile)[j * 4 + lane % 4];
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float product0 = kHasScales ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
-            const float product1 =
-                kHasScales ? scales[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
-            float& sum = sums[2 * query + r];
-            sum = fmaf(weight.x, ReluKeepingNan(product0), sum);
-            sum = fmaf(weight.y, ReluKeepingNan(product1), sum);
+            for (int r = 0; r < 2; ++r) {
+              const float product0 = scaled ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
+              const float product1 =
+                  scaled ? scales[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
+              float& sum = sums[2 * query + r];
+              sum = fmaf(weight.x, ReluKeepingNan(product0), sum);
+              sum = fmaf(weight.y, ReluKeepingNan(product1), sum);
+            }
           }
         }
+      };
+      if (kHasScales && scale_each_product) {
+        sum_heads(true);
+      } else {
+        sum_heads(false);
       }
     };
     // The quad's head sums to the staging tile (-inf past each query's length), then the sink.
@@ -715,6 +756,11 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         const int slot = kSlots >= 4 ? 4 * n + lane % 4 : lane % 4;
         const int query = slot / 2;
         const int key_in_tile = row0 + 8 * (slot % 2);
+        // + 0: a negative sum times a scale that underflows gives -0, the per-product way +0.
+        if (kMayScaleAfterSum) {  // slot % 2 = lane % 2: a select, not an indexed (local) array
+          const float scale = (lane & 1) != 0 ? scale_after_sum[1] : scale_after_sum[0];
+          finished[n] = finished[n] * scale + 0.0f;
+        }
         if (kSlots >= 4 || lane % 4 < kSlots) {
           my_staging[query * kKeysPerTile + key_in_tile] =
               first_key + key_in_tile < lengths_tile[query] ? finished[n] : -INFINITY;
