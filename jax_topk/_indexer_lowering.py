@@ -10,10 +10,14 @@ everywhere else and when forced (`_lowering.forced_fallback`), `_fallback.indexe
 
 On CUDA, indexer_topk gets two workspaces as extra results (dropped at once, never seen by
 the user): the float32 logits [B * M * N] and topk_filtered's selection workspace, which the
-default (unfused) path fills and selects from. With JAX_TOPK_INDEXER_TOPK=fused when the call
-is traced, they take the sizes of cuda/common/indexer_topk_workspace.h, which the fused kernels
-(cuda/kernels/indexer_topk.cu: the logits never in memory, measured slower so far) need: the
-handler reads the variable again at dispatch and runs the unfused path on smaller ones.
+default (unfused) path fills and selects from; indexer_logits gets one. Where fp8 inputs have
+enough queries, the logits workspace (after the logits) and indexer_logits' workspace hold f16
+copies of q and the keys, widened once for the tensor-core kernel
+(cuda/common/indexer_widened.h); otherwise indexer_logits' workspace is a byte. With
+JAX_TOPK_INDEXER_TOPK=fused when the call is traced, indexer_topk's take the sizes of
+cuda/common/indexer_topk_workspace.h, which the fused kernels (cuda/kernels/indexer_topk.cu:
+the logits never in memory, measured slower so far) need: the handler reads the variable again
+at dispatch and runs the unfused path on smaller ones.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ from jax.interpreters import mlir
 
 from . import _compat, _fallback
 from ._indexer_contract import TOPK, IndexerOperands, IndexerParams
-from ._lowering import filtered_workspace_bytes, indexer_topk_workspace_bytes, uses_fallback
+from ._lowering import (
+    filtered_workspace_bytes,
+    indexer_topk_workspace_bytes,
+    indexer_widened_bytes,
+    indexer_widened_offset_after_logits,
+    uses_fallback,
+)
 
 
 def native_operands(operands: IndexerOperands, params: IndexerParams) -> IndexerOperands:
@@ -54,22 +64,28 @@ indexer_call_p.multiple_results = True
 indexer_call_p.def_abstract_eval(_shape_rule)
 
 
+def _workspace_bytes(ctx, params: IndexerParams) -> list[int]:
+    """The CUDA handler's workspace results, in bytes (module docstring)."""
+    batch, queries, heads, head_dim = ctx.avals_in[0].shape
+    keys_count = ctx.avals_in[1].shape[1]
+    rows = batch * queries
+    fp8 = ctx.avals_in[0].dtype == jnp.float8_e4m3fn
+    widened = indexer_widened_bytes(fp8, batch, queries, heads, head_dim, keys_count)
+    if params.op != TOPK:
+        return [max(widened, 1)]
+    if os.environ.get("JAX_TOPK_INDEXER_TOPK") == "fused":
+        return list(indexer_topk_workspace_bytes(rows, keys_count, params.k))
+    logits_bytes = 4 * rows * keys_count
+    if widened:
+        logits_bytes = indexer_widened_offset_after_logits(rows, keys_count) + widened
+    return [logits_bytes, filtered_workspace_bytes(rows, keys_count, params.k)]
+
+
 def _handler_lowering(ctx, *operands, params: IndexerParams, with_workspaces: bool):
     if with_workspaces:
-        batch, queries = ctx.avals_in[0].shape[:2]
-        keys_count = ctx.avals_in[1].shape[1]
-        rows = batch * queries
-        if os.environ.get("JAX_TOPK_INDEXER_TOPK") == "fused":
-            logits_bytes, selection_bytes = indexer_topk_workspace_bytes(rows, keys_count, params.k)
-        else:
-            logits_bytes = 4 * rows * keys_count
-            selection_bytes = filtered_workspace_bytes(rows, keys_count, params.k)
         ctx = _compat.with_extra_results(
             ctx,
-            [
-                jax.core.ShapedArray((logits_bytes,), np.uint8),
-                jax.core.ShapedArray((selection_bytes,), np.uint8),
-            ],
+            [jax.core.ShapedArray((size,), np.uint8) for size in _workspace_bytes(ctx, params)],
         )
     results = jax.ffi.ffi_lowering(params.target)(ctx, *operands, **params.ffi_attributes())
     return results[:1]  # the workspaces are dropped
@@ -82,7 +98,7 @@ def _platform_lowering(platform: str):
     def lowering(ctx, *operands, params: IndexerParams):
         if uses_fallback(platform, params.op):
             return _fallback_lowering(ctx, *operands, params=params)
-        with_workspaces = platform == "cuda" and params.op == TOPK
+        with_workspaces = platform == "cuda"
         return _handler_lowering(ctx, *operands, params=params, with_workspaces=with_workspaces)
 
     return lowering

@@ -59,6 +59,21 @@ def indexer_topk_workspace_bytes(rows: int, width: int, k: int) -> tuple[int, in
     return int(logits), int(selection)
 
 
+def indexer_widened_bytes(
+    fp8: bool, batch: int, queries: int, heads: int, head_dim: int, keys_count: int
+) -> int:
+    """Bytes of the f16 copies of fp8 q and keys that the CUDA indexer kernel reads (0: it
+    widens them in shared memory; cuda/common/indexer_widened.h)."""
+    return int(
+        _jax_topk_cpu.indexer_widened_bytes(fp8, batch, queries, heads, head_dim, keys_count)
+    )
+
+
+def indexer_widened_offset_after_logits(rows: int, keys_count: int) -> int:
+    """Where those copies start in indexer_topk's logits workspace."""
+    return int(_jax_topk_cpu.indexer_widened_offset_after_logits(rows, keys_count))
+
+
 ffi_call_p = core.Primitive("jax_topk_ffi_call")
 ffi_call_p.multiple_results = True
 ffi_call_p.def_abstract_eval(shape_rule)

@@ -422,3 +422,46 @@ def test_gpu_fp8_key_scales_after_or_before_the_head_sum():
     np.testing.assert_array_equal(np.isfinite(got), finite)
     assert (np.abs(got[finite] - want[finite]) <= TOLERANCE[FP8] * scale[finite]).all()
     _assert_topk_matches("gpu", q, keys, weights, lengths, k=512, key_scales=key_scales)
+
+
+def test_widened_copies_only_where_they_pay():
+    """The CUDA lowering's workspace for f16 copies of fp8 q and keys (common/indexer_widened.h):
+    only fp8, from 64 queries, at the tensor-core shape (H = 64, D = 128)."""
+    from jax_topk._lowering import indexer_widened_bytes, indexer_widened_offset_after_logits
+
+    assert indexer_widened_bytes(True, 2, 64, 64, 128, 1000) == 2 * 2 * (64 * 64 + 1000) * 128
+    assert indexer_widened_bytes(True, 1, 63, 64, 128, 1000) == 0
+    assert indexer_widened_bytes(False, 1, 512, 64, 128, 1000) == 0
+    assert indexer_widened_bytes(True, 1, 512, 4, 32, 1000) == 0
+    assert indexer_widened_offset_after_logits(3, 5) == 256
+    assert indexer_widened_offset_after_logits(64, 1024) == 4 * 64 * 1024
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_widened_once_same_bits():
+    """fp8 at H = 64, D = 128 from 64 queries: q and the keys widened to f16 once before the
+    tensor-core kernel, the same f16 operands as widening them in shared memory (63 queries):
+    the same bits; indexer_topk (its copies after the logits) equals topk_filtered of them."""
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    rng = np.random.default_rng(22)
+    queries, n = 64, 3001
+    q, keys, weights = make_inputs(rng, queries, 64, 128, n, dtype=FP8)
+    keys[5::101, 7] = np.nan  # NaN logits in some columns
+    key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32)
+    key_scales[::97] = -0.5  # some warps the per-product way
+    lengths = edge_lengths(512, n, queries, rng)
+    kwargs = dict(key_scales=key_scales)
+    widened = run(jax_topk.indexer_logits, "gpu", q, keys, weights, lengths=lengths, **kwargs)
+    in_ring = run(
+        jax_topk.indexer_logits, "gpu", q[:63], keys, weights[:63], lengths=lengths[:63], **kwargs
+    )
+    np.testing.assert_array_equal(widened[:63].view(np.uint32), in_ring.view(np.uint32))
+    want, scale = reference_logits(q, keys, weights, lengths, key_scales)
+    finite = np.isfinite(want)
+    assert finite.sum() > 0.3 * finite.size
+    assert np.isfinite(widened[finite]).all()
+    assert (np.abs(widened[finite] - want[finite]) <= TOLERANCE[FP8] * scale[finite]).all()
+    _assert_topk_matches("gpu", q, keys, weights, lengths, k=512, **kwargs)

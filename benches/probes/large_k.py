@@ -45,16 +45,16 @@ def input_sets(dtype, rows, n):
 
 def main():
     cases = QUICK if "--quick" in sys.argv else CASES
-    print("| dtype | rows x n | k | rounds | rounds (us) | one sort (us) | lax.top_k (us) "
-          "| torch.topk (us) | sort / rounds | same bits |")
+    print(
+        "| dtype | rows x n | k | rounds | rounds (us) | one sort (us) | lax.top_k (us) "
+        "| torch.topk (us) | sort / rounds | same bits |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for dtype, rows, n, k in cases:
         sets = input_sets(dtype, rows, n)
         lengths = jnp.full((rows,), n, jnp.int32)
         by_rounds = jax.jit(lambda x, k=k: _top_k._select_in_rounds(x, lengths, k=k, sorted=True))
-        by_sort = jax.jit(
-            lambda x, k=k: _fallback.select_with_values(x, lengths, k=k, sorted=True)
-        )
+        by_sort = jax.jit(lambda x, k=k: _fallback.select_with_values(x, lengths, k=k, sorted=True))
         lax_top_k = jax.jit(lambda x, k=k: jax.lax.top_k(x, k))
         ours, theirs = by_rounds(*sets[0]), by_sort(*sets[0])
         same = all(

@@ -29,6 +29,9 @@ struct IndexerProblem {
   const int32_t* lengths = nullptr;  // [batch, M], or nullptr: every L_t = N
 
   float* logits = nullptr;  // [batch, M, N]
+  // fp8 only: IndexerWidenedBytes of device memory for f16 copies of q and keys
+  // (common/indexer_widened.h), or nullptr: the kernel widens them in shared memory.
+  void* widened = nullptr;
 };
 
 }  // namespace jax_topk

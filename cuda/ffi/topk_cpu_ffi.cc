@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/indexer_topk_workspace.h"
+#include "common/indexer_widened.h"
 #include "common/topk_common.h"
 #include "common/topk_filtered_workspace.h"
 #include "cpu/indexer_cpu.h"
@@ -106,4 +107,10 @@ NB_MODULE(_jax_topk_cpu, m) {
       },
       nb::arg("rows"), nb::arg("width"), nb::arg("k"),
       "Bytes of indexer_topk's two CUDA workspaces (logits, selection) for this shape.");
+  m.def("indexer_widened_bytes", &jax_topk::IndexerWidenedBytes, nb::arg("fp8"), nb::arg("batch"),
+        nb::arg("queries"), nb::arg("heads"), nb::arg("head_dim"), nb::arg("keys_count"),
+        "Bytes of the f16 copies of fp8 q and keys the CUDA indexer kernel reads (0: none).");
+  m.def("indexer_widened_offset_after_logits", &jax_topk::IndexerWidenedOffsetAfterLogits,
+        nb::arg("rows"), nb::arg("keys_count"),
+        "Where those copies start in indexer_topk's logits workspace.");
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/indexer_widened.h"
 #include "ffi/indexer_ffi.h"
 #include "ffi/merge_ffi.h"
 #include "ffi/topk_ffi.h"
@@ -46,8 +47,17 @@ ffi::Error RunMergeTopk(cudaStream_t stream, const MergeProblem& problem) {
   return LaunchError("merge_topk", LaunchMergeTopk(problem, stream));
 }
 
-ffi::Error RunIndexerLogits(cudaStream_t stream, const IndexerCall& call) {
-  return LaunchError("indexer_logits", LaunchIndexerLogits(call.logits, stream));
+// The workspace holds fp8 q and keys widened to f16 where the shape asks for it
+// (common/indexer_widened.h); smaller, the kernel widens them in shared memory.
+ffi::Error RunIndexerLogits(cudaStream_t stream, const IndexerCall& call,
+                            ffi::Result<ffi::AnyBuffer> workspace) {
+  IndexerProblem problem = call.logits;
+  const int64_t widened_bytes =
+      IndexerWidenedBytes(problem.input == IndexerInput::kFloat8E4M3, problem.batch,
+                          problem.queries, problem.heads, problem.head_dim, problem.keys_count);
+  if (widened_bytes > 0 && workspace->size_bytes() >= static_cast<size_t>(widened_bytes))
+    problem.widened = workspace->untyped_data();
+  return LaunchError("indexer_logits", LaunchIndexerLogits(problem, stream));
 }
 
 // kernels/indexer_topk.cu: the logits into the logits workspace and the filtered kernel over
@@ -96,10 +106,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     BindMergeOperands(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
 
+// The workspace (the widened fp8 copies, or a byte) is a result the Python lowering adds on CUDA.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IndexerLogitsCudaHandler,
     (IndexerHandler<kIndexerLogitsTarget, Float32Buffer, RunIndexerLogits>::Call),
-    BindIndexerOperands<Float32Buffer>(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    BindIndexerOperands<Float32Buffer>(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>())
+        .Ret<ffi::AnyBuffer>(),
     {ffi::Traits::kCmdBufferCompatible});
 // The two workspaces (logits, then selection) are results the Python lowering adds on CUDA.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

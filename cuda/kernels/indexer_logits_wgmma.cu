@@ -5,8 +5,9 @@
 //    wgmma.m64n256 (keys x (query, head)) for a tile as soon as it has read the previous
 //    tile's products out of the accumulators (relu x weight in a fixed order): the rest of
 //    that tile (the head sum over the quad, the sink, the next loads) runs under the new
-//    chain, and the other warpgroup's chain covers the read. fp8 is widened to exact f16 in
-//    shared memory for f16 wgmma (FP8_NATIVE: e4m3 wgmma). 3. Key tiles past the tile's
+//    chain, and the other warpgroup's chain covers the read. fp8 is widened to exact f16 for
+//    f16 wgmma: in shared memory, or from 64 queries once into a workspace before the kernel
+//    (WidenFp8Kernel; FP8_NATIVE: e4m3 wgmma). 3. Key tiles past the tile's
 //    longest length are only written -inf. Traffic: keys once per query tile (from L2),
 //    logits written once. ~80 % of 800 TFLOP/s bf16 at M >= 128 on an H200 (benches/NOTES.md).
 // A finished [queries x 64 keys] tile goes to a sink: WriteLogits (the [M, N] logits, or a pass
@@ -20,9 +21,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 
 #include "common/indexer_problem.h"
+#include "common/indexer_widened.h"
 #include "kernels/indexer/wgmma.cuh"
 #include "kernels/indexer_cuda.h"
 #include "kernels/mbarrier.cuh"
@@ -55,6 +58,7 @@ constexpr int kKStepBytes = 32;  // one wgmma k-step: 16 bf16/f16 or 32 fp8
 using indexer::Bf16Input;
 using indexer::Fp8AsF16Input;
 using indexer::Fp8E4M3Input;
+using indexer::Fp8WidenedInput;
 // Bytes of one D row as an operand and in memory, and their 16-byte chunks, per input type.
 template <typename Input>
 struct RowShape {
@@ -578,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     CommitCopies();
     // fp8 with key scales: whether a weight of the run is too large to take the scales after
     // the head sum (below); NaN counts.
-    constexpr bool kMayScaleAfterSum = kHasScales && sizeof(Bits) == 1;
+    constexpr bool kMayScaleAfterSum = kHasScales && Input::kFp8Values;
     bool weight_too_large = false;
     for (int i = threadIdx.x; i < kCols; i += kThreads) {
       const int query = first_query + i / kHeads;
@@ -804,6 +808,21 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
 #endif
 }
 
+// fp8 q and keys to their f16 copies (common/indexer_widened.h): 16 codes a thread a step.
+// Empty where the tensor-core kernel is (launched only where Supports() says yes).
+__global__ void __launch_bounds__(256) WidenFp8Kernel(const uint4* codes, uint4* halves,
+                                                      int64_t chunks) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < chunks;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint4 widened[2];
+    WidenFp8Chunk(codes[i], widened);
+    halves[2 * i] = widened[0];
+    halves[2 * i + 1] = widened[1];
+  }
+#endif
+}
+
 // Per device: compute capability 9.0 (0 not asked yet, -1 no, 1 yes) and multiprocessor count.
 constexpr int kMaxDevices = 64;
 std::atomic<int> device_is_sm90[kMaxDevices];
@@ -930,7 +949,37 @@ cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t
   IndexerWgmmaPass pass;
   pass.logits = problem.logits;
   pass.logits_pitch = problem.keys_count;
-  return LaunchIndexerWgmmaPass(problem, pass, stream);
+  const bool fp8 = problem.input == IndexerInput::kFloat8E4M3;
+  if (problem.widened == nullptr ||
+      IndexerWidenedBytes(fp8, problem.batch, problem.queries, problem.heads, problem.head_dim,
+                          problem.keys_count) == 0) {
+    return LaunchIndexerWgmmaPass(problem, pass, stream);
+  }
+  // Enough queries: q and the keys widened to f16 once, then the kernel reads them as bf16's
+  // reads its inputs (no widening in shared memory). Same f16 operands, same instruction, same
+  // order: the same bits as widening in the ring.
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (!IndexerLogitsWgmmaSupports(problem, device)) return cudaErrorInvalidValue;
+  unsigned char* const copies = static_cast<unsigned char*>(problem.widened);
+  IndexerProblem widened = problem;
+  widened.q = copies;
+  widened.keys = copies + IndexerWidenedKeysOffset(problem.batch, problem.queries, problem.heads,
+                                                   problem.head_dim);
+  const int64_t sms = device_sm_count[device].load();
+  for (const auto& [from, to, codes] :
+       {std::tuple{problem.q, widened.q, problem.batch * problem.queries * problem.heads},
+        std::tuple{problem.keys, widened.keys, problem.batch * problem.keys_count}}) {
+    const int64_t chunks = codes * problem.head_dim / 16;  // D = 128: whole 16-byte chunks
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(8 * sms, (chunks + 255) / 256));
+    WidenFp8Kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        static_cast<const uint4*>(from), static_cast<uint4*>(const_cast<void*>(to)), chunks);
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  return LaunchForScales<Fp8WidenedInput, QueriesPerTile<Fp8WidenedInput>(2), WriteLogits>(
+      widened, pass, device, stream);
 }
 
 }  // namespace jax_topk

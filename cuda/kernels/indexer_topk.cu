@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "common/indexer_topk_workspace.h"
+#include "common/indexer_widened.h"
 #include "kernels/filtered/elements.cuh"
 #include "kernels/filtered/row_runner.cuh"
 #include "kernels/indexer_cuda.h"
@@ -206,11 +207,19 @@ int32_t SampleStrideFromEnvironment() {
   return stride >= kStride && stride <= 1024 && stride % kStride == 0 ? stride : kStride;
 }
 
+// The logits into the logits workspace (fp8: the widened copies after them, where it holds
+// them: common/indexer_widened.h), then the filtered kernel over them.
 cudaError_t LaunchUnfused(const IndexerProblem& logits, const TopkProblem& selection,
-                          void* logits_workspace, void* selection_workspace, size_t selection_bytes,
-                          cudaStream_t stream) {
+                          void* logits_workspace, size_t logits_bytes, void* selection_workspace,
+                          size_t selection_bytes, cudaStream_t stream) {
   IndexerProblem to_workspace = logits;
   to_workspace.logits = static_cast<float*>(logits_workspace);
+  const int64_t widened_bytes =
+      IndexerWidenedBytes(logits.input == IndexerInput::kFloat8E4M3, logits.batch, logits.queries,
+                          logits.heads, logits.head_dim, logits.keys_count);
+  const int64_t widened_offset = IndexerWidenedOffsetAfterLogits(selection.rows, selection.width);
+  if (widened_bytes > 0 && logits_bytes >= static_cast<size_t>(widened_offset + widened_bytes))
+    to_workspace.widened = static_cast<unsigned char*>(logits_workspace) + widened_offset;
   TopkProblem over_workspace = selection;
   over_workspace.scores = to_workspace.logits;
   cudaError_t status = LaunchIndexerLogits(to_workspace, stream);
@@ -251,8 +260,8 @@ cudaError_t LaunchIndexerTopk(const IndexerProblem& logits, const TopkProblem& s
       logits_bytes >= IndexerTopkLogitsWorkspaceBytes(rows, width) &&
       selection_bytes >= IndexerTopkSelectionWorkspaceBytes(rows, width, selection.k);
   if (!fused) {
-    return LaunchUnfused(logits, selection, logits_workspace, selection_workspace, selection_bytes,
-                         stream);
+    return LaunchUnfused(logits, selection, logits_workspace, logits_bytes, selection_workspace,
+                         selection_bytes, stream);
   }
   fused_launches.fetch_add(1, std::memory_order_relaxed);
   unsigned char* const state_base = static_cast<unsigned char*>(selection_workspace);

@@ -11,23 +11,34 @@ namespace indexer {
 
 // How the kernel takes its input type (q and keys share one): `Bits` in memory, operands of
 // kOperandBytes in shared memory (kConvert: fp8 codes widened to exact f16 on the way in).
+// kFp8Values: every value is an e4m3 value (|dot| <= 128 x 448^2 over D = 128).
 struct Bf16Input {
   using Bits = uint16_t;
   static constexpr int kOperandBytes = 2;
   static constexpr int kKStep = 16;  // wgmma's K
   static constexpr bool kConvert = false;
+  static constexpr bool kFp8Values = false;
 };
 struct Fp8E4M3Input {  // e4m3 wgmma: twice the rate, 14-bit aligned sums (below)
   using Bits = uint8_t;
   static constexpr int kOperandBytes = 1;
   static constexpr int kKStep = 32;
   static constexpr bool kConvert = false;
+  static constexpr bool kFp8Values = true;
 };
 struct Fp8AsF16Input {  // e4m3 widened to f16 (exact, NaN kept): bf16's rate and accuracy
   using Bits = uint8_t;
   static constexpr int kOperandBytes = 2;
   static constexpr int kKStep = 16;
   static constexpr bool kConvert = true;
+  static constexpr bool kFp8Values = true;
+};
+struct Fp8WidenedInput {  // e4m3 widened to f16 before the kernel (common/indexer_widened.h)
+  using Bits = uint16_t;
+  static constexpr int kOperandBytes = 2;
+  static constexpr int kKStep = 16;
+  static constexpr bool kConvert = false;
+  static constexpr bool kFp8Values = true;
 };
 
 template <typename Input, int kCols>
@@ -170,6 +181,25 @@ template <>
 __device__ __forceinline__ void Wgmma<Fp8AsF16Input, 256>(float (&acc)[128], uint64_t desc_a,
                                                           uint64_t desc_b, int accumulate) {
   JAX_TOPK_WGMMA_BODY(256, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", ", 0, 0");
+}
+
+// Widened before the kernel or in shared memory: the same f16 operands, the same instruction.
+template <>
+__device__ __forceinline__ void Wgmma<Fp8WidenedInput, 64>(float (&acc)[32], uint64_t desc_a,
+                                                           uint64_t desc_b, int accumulate) {
+  Wgmma<Fp8AsF16Input, 64>(acc, desc_a, desc_b, accumulate);
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<Fp8WidenedInput, 128>(float (&acc)[64], uint64_t desc_a,
+                                                            uint64_t desc_b, int accumulate) {
+  Wgmma<Fp8AsF16Input, 128>(acc, desc_a, desc_b, accumulate);
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<Fp8WidenedInput, 256>(float (&acc)[128], uint64_t desc_a,
+                                                            uint64_t desc_b, int accumulate) {
+  Wgmma<Fp8AsF16Input, 256>(acc, desc_a, desc_b, accumulate);
 }
 
 #undef JAX_TOPK_WGMMA_BODY
