@@ -71,8 +71,14 @@ def empty_value(dtype):
 
 def gather_values(scores, columns):
     """The scores at the selected columns (before any page transform), empty_value in -1
-    slots."""
-    picked = jnp.take_along_axis(scores, jnp.maximum(columns, 0), axis=1)
+    slots. Gathered as raw bits: over column-sharded scores XLA gathers locally and adds
+    the shards' results, and a float add would turn -0 into +0 (and flush subnormals on
+    the CPU)."""
+    bits = jnp.dtype(f"uint{jnp.dtype(scores.dtype).itemsize * 8}")
+    picked_bits = jnp.take_along_axis(
+        lax.bitcast_convert_type(scores, bits), jnp.maximum(columns, 0), axis=1
+    )
+    picked = lax.bitcast_convert_type(picked_bits, scores.dtype)
     return jnp.where(columns != EMPTY_SLOT, picked, empty_value(scores.dtype))
 
 

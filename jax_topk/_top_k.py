@@ -50,14 +50,23 @@ def rounds(k: int) -> int:
 
 def max_rounds(rows: int, n: int) -> int:
     """The most rounds before one sort of the rows is the faster way. A round costs a kernel
-    call and a masking pass over the rows, the sort about n log n a row whatever k is.
-    Measured on an H200 (benches/NOTES.md "top_k past 2048: rounds"), the sort overtakes
-    the rounds at ~21 rounds for 64 x 131072 float32, ~9.5 for 8 x 131072, ~7.6 for
-    64 x 32768 and ~5 for 4096 x 8192 (short rows sort fast) or a single long row (one row
-    leaves the GPU idle in each round)."""
-    if n >= 65536 and rows * n >= 2**20:
+    call and a masking pass over the rows; the sort, about n log n a row whatever k is.
+    Measured on an H200 (benches/NOTES.md "top_k past 2048: rounds"; crossover = the rounds
+    at which the sort would catch up, from sort / rounds x rounds):
+
+    | rows x n, float32 | crossover | allowed here |
+    | 64 x 131072       | ~21       | 8            |
+    | 8 x 131072        | ~9.5      | 8            |
+    | 1024 x 32768      | ~15       | 4            |
+    | 64 x 32768        | ~7.6      | 4            |
+    | 4096 x 8192       | ~5.4      | 4            |
+    | 1 x 131072        | ~4 (est.) | 2            |
+
+    Short rows sort fast, and one row leaves the GPU idle in each round."""
+    elements = rows * n
+    if n >= 65536 and rows >= 8:
         return 8
-    if rows * n >= 2**21:
+    if elements >= 2**21:
         return 4
     return 2
 

@@ -383,8 +383,8 @@ def test_gpu_fp8_swamped_k_steps_within_bound():
 
 @pytest.mark.gpu
 def test_gpu_fp8_key_scales_after_or_before_the_head_sum():
-    """fp8 at H = 64, D = 128 on the tensor-core kernel: a finite key scale >= 0 multiplies the
-    finished head sum, any other (negative, -0) each product before its relu, and a query
+    """fp8 at H = 64, D = 128 on the tensor-core kernel: a finite key scale >= 0 (-0 too)
+    multiplies the finished head sum, any other each product before its relu, and a query
     whose weights are too large for the unscaled sum (1e37: the head sum of weight x relu(dot)
     passes float32's largest where the scaled products' sum does not) keeps every product
     scaled. Every logit within the bound of the float64 reference, finite where that is, and
@@ -465,3 +465,34 @@ def test_gpu_fp8_widened_once_same_bits():
     assert np.isfinite(widened[finite]).all()
     assert (np.abs(widened[finite] - want[finite]) <= TOLERANCE[FP8] * scale[finite]).all()
     _assert_topk_matches("gpu", q, keys, weights, lengths, k=512, **kwargs)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_logit_bits_do_not_depend_on_neighbours():
+    """fp8 with key scales on the tensor-core kernel: whether a key's scale multiplies the head
+    sum or each product depends on that key's scale and that query's weights only, so a
+    logit's bits do not change with the keys and queries that share its tile (what makes a
+    key- or query-sharded call equal the unsharded one). Key 995's negative scale shares a
+    warp with keys 992-1007 in the whole call, not in the call from key 1000; query 6's NaN
+    weight shares a tile with queries 4-7, not in the call of queries 4-5."""
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    rng = np.random.default_rng(23)
+    queries, n = 12, 2000
+    q, keys, weights = make_inputs(rng, queries, 64, 128, n, dtype=FP8)
+    key_scales = rng.uniform(0.01, 2.0, size=n).astype(np.float32)
+    key_scales[995] = -1.0
+    key_scales[1500] = np.inf
+    weights[6, 0] = np.nan
+    weights[9, 3] = 1e-35  # a weight x dot that could be subnormal: per product
+    whole = run(jax_topk.indexer_logits, "gpu", q, keys, weights, key_scales=key_scales)
+    from_1000 = run(
+        jax_topk.indexer_logits, "gpu", q, keys[1000:], weights, key_scales=key_scales[1000:]
+    )
+    np.testing.assert_array_equal(whole[:, 1000:].view(np.uint32), from_1000.view(np.uint32))
+    two_queries = run(
+        jax_topk.indexer_logits, "gpu", q[4:6], keys, weights[4:6], key_scales=key_scales
+    )
+    np.testing.assert_array_equal(whole[4:6].view(np.uint32), two_queries.view(np.uint32))

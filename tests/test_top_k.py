@@ -227,13 +227,19 @@ def test_rounds_at_their_boundaries(backend, dtype):
 
 def test_route_past_2048():
     """k past 2048 goes to rounds while they beat one sort of the rows (2 rounds always, 4
-    from 2^21 elements, 8 from 2^20 elements of rows of 65536 or more), then to the sort;
-    dtypes the kernels do not read always sort."""
+    from 2^21 elements, 8 from 8 rows of 65536 or more), then to the sort; dtypes the
+    kernels do not read always sort."""
     from jax_topk._top_k import Route, route
 
     f32 = np.dtype("float32")
     assert route(f32, 131072, 2048, rows=64) is Route.FILTERED
-    for rows, n, most in ((1, 131072, 2), (64, 32768, 4), (4096, 8192, 4), (8, 131072, 8)):
+    for rows, n, most in (
+        (1, 131072, 2),
+        (64, 32768, 4),
+        (4096, 8192, 4),
+        (8, 131072, 8),
+        (1, 2**22, 4),
+    ):
         assert route(f32, n, 2048 * most, rows) is Route.ROUNDS, (rows, n)
         assert route(f32, n, 2048 * most + 1, rows) is Route.SORT, (rows, n)
     assert route(np.dtype("int32"), 131072, 2049, rows=64) is Route.SORT

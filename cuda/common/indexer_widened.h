@@ -15,10 +15,14 @@ constexpr int64_t kIndexerWidenedMinQueries = 64;
 
 // Bytes of the copies (q [B, M, H, D] then keys [B, N, D], 2 bytes an element; the keys start
 // at a multiple of 256 bytes), or 0 where the kernel widens in shared memory instead: bf16
-// inputs, fewer queries, or a shape the tensor-core kernel does not take (H = 64, D = 128).
+// inputs, fewer queries, or a shape the tensor-core kernel does not take (H = 64, D = 128,
+// N < 2^25). (A GPU other than sm_90 gets the workspace and leaves it unread.)
 constexpr int64_t IndexerWidenedBytes(bool fp8, int64_t batch, int64_t queries, int64_t heads,
                                       int64_t head_dim, int64_t keys_count) {
-  if (!fp8 || queries < kIndexerWidenedMinQueries || heads != 64 || head_dim != 128) return 0;
+  constexpr int64_t kMostKeys = 0x7FFFFFFF / 64;  // the kernel's limit (IndexerLogitsWgmmaSupports)
+  if (!fp8 || queries < kIndexerWidenedMinQueries || heads != 64 || head_dim != 128 ||
+      keys_count > kMostKeys || queries > 0x7FFFFFFF)
+    return 0;
   return 2 * batch * (queries * heads + keys_count) * head_dim;
 }
 

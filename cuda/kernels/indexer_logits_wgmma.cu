@@ -191,11 +191,15 @@ __device__ __forceinline__ float ReluKeepingNan(float x) {
   return relu;
 }
 
-// fp8 inputs bound every dot: |dot| <= 128 x 448^2 (2.6e7). With every |weight| of a query at most
-// kScaleAfterSumWeight, no partial head sum of relu(dot) x weight reaches float32's largest
-// (64 x 1e28 x 2.6e7 = 1.6e37), so a key's scale may multiply the finished sum instead of each
-// product without overflowing where the product-by-product sum would not.
-constexpr float kScaleAfterSumWeight = 1e28f;
+// Whether a query's weight lets a key's scale multiply the finished head sum instead of each
+// product (fp8 inputs): fp8 bounds every nonzero dot to 2^-18 <= |dot| <= 128 x 448^2 (2.6e7),
+// so with 0 or 1e-30 <= |weight| <= 1e28 every term weight x relu(dot) is a normal float
+// (no subnormal rounding for the scale to magnify) and no partial sum of 64 overflows
+// (64 x 1e28 x 2.6e7 = 1.6e37) where the scaled terms' sum would not. NaN: no.
+__device__ __forceinline__ bool WeightAllowsScaleAfterSum(float weight) {
+  const float magnitude = fabsf(weight);
+  return weight == 0.0f || (magnitude >= 1e-30f && magnitude <= 1e28f);
+}
 constexpr float kLargestFloat = 3.4028235e38f;
 
 // 16 e4m3 codes (a loaded chunk) -> 16 exact f16 (two operand chunks), NaN kept.
@@ -580,10 +584,10 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
       }
     }
     CommitCopies();
-    // fp8 with key scales: whether a weight of the run is too large to take the scales after
-    // the head sum (below); NaN counts.
+    // fp8 with key scales: the tile's queries with a weight that rules out taking the scales
+    // after the head sum (bit j: query j of the tile; below).
     constexpr bool kMayScaleAfterSum = kHasScales && Input::kFp8Values;
-    bool weight_too_large = false;
+    uint32_t my_scaled_queries = 0;
     for (int i = threadIdx.x; i < kCols; i += kThreads) {
       const int query = first_query + i / kHeads;
       const float weight =
@@ -591,7 +595,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
               ? args.weights[(sequence * args.queries + query) * kHeads + i % kHeads]
               : 0.0f;
       weights_tile[i] = weight;
-      if (kMayScaleAfterSum) weight_too_large |= !(fabsf(weight) <= kScaleAfterSumWeight);
+      if (kMayScaleAfterSum && !WeightAllowsScaleAfterSum(weight))
+        my_scaled_queries |= 1u << (i / kHeads);
     }
     if (threadIdx.x < kQueriesPerTile) {
       const int query = first_query + threadIdx.x;
@@ -605,9 +610,11 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     }
     WaitCopies<0>();
     FenceForTensorCores();
-    bool run_weights_too_large = false;
+    uint32_t scaled_queries = 0;  // the same in every thread
     if constexpr (kMayScaleAfterSum) {
-      run_weights_too_large = __syncthreads_or(weight_too_large) != 0;
+#pragma unroll
+      for (int j = 0; j < kQueriesPerTile; ++j)
+        scaled_queries |= __syncthreads_or((my_scaled_queries >> j) & 1u) != 0 ? 1u << j : 0u;
     } else {
       __syncthreads();
     }
@@ -688,36 +695,40 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
     // Thread holds keys row0 = 16 warp + lane / 4 and row0 + 8; acc[4 j + 2 r + e] is column
     // 8 j + 2 (lane % 4) + e: query j / 8, head 8 (j % 8) + 2 (lane % 4) + e. Its share of slot
     // s = 2 query + r is the relu x weight sum over its 16 heads of the query at key row0 + 8 r.
-    // A key's scale: for fp8 inputs, where both of the thread's keys have a finite scale >= 0
-    // and the run's weights are not too large (kScaleAfterSumWeight), relu(scale x dot) =
-    // scale x relu(dot), so the scales multiply the finished sums (`scale_after_sum`: one
-    // multiply a slot instead of one a product; the epilogue's issue bounds this kernel). Any
-    // other case multiplies each product before its relu, as the contract states it. Both stay
-    // within SPEC's bound (the sum's rounding is relative to the sum of |weight x scale x dot|).
+    // A key's scale: for fp8 inputs, where the key's scale is finite and >= 0 and the query's
+    // weights allow it (WeightAllowsScaleAfterSum), relu(scale x dot) = scale x relu(dot), so
+    // the scale multiplies the finished head sum (one multiply a slot instead of one a product:
+    // the epilogue's issue bounds this kernel); otherwise it multiplies each product before its
+    // relu, as the contract states it. Both stay within SPEC's bound. Which way depends only on
+    // the (query, key) pair, so a logit's bits do not depend on its neighbours (sharded calls
+    // equal unsharded ones): a thread holding a pair of each kind takes the per-product loop
+    // with a factor 1 (exact) for the other pairs, which then get the same bits.
     const int row0 = 16 * warp + lane / 4;
-    float scale_after_sum[2] = {1.0f, 1.0f};
+    float tile_scales[2] = {1.0f, 1.0f};  // the thread's two keys', for finish_tile
+    uint32_t scaled_keys = 3;             // bit r: key row0 + 8 r scales each product
     auto reduce_tile = [&](int index, float (&sums)[kSlots]) {
-      float scales[2] = {1.0f, 1.0f};
-      bool scale_each_product = !kMayScaleAfterSum || run_weights_too_large;
       if (kHasScales) {
+        scaled_keys = 0;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int key = first_key_of(index) + row0 + 8 * r;
-          scales[r] = key < args.keys_count ? sequence_scales[key] : 0.0f;
+          tile_scales[r] = key < args.keys_count ? sequence_scales[key] : 0.0f;
           // False for NaN too; -0 counts as 0.
-          scale_each_product |= !(scales[r] >= 0.0f && scales[r] <= kLargestFloat);
+          const bool after_sum = kMayScaleAfterSum && tile_scales[r] >= 0.0f &&
+                                 tile_scales[r] <= kLargestFloat;
+          scaled_keys |= after_sum ? 0u : 1u << r;
         }
-        // One way a warp: a key of the other kind sends its whole warp the per-product way
-        // (divergent, a warp would run both: 20 % slower on the probe's mixed scales).
-        if (kMayScaleAfterSum) scale_each_product = __any_sync(0xFFFFFFFFu, scale_each_product);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) scale_after_sum[r] = scale_each_product ? 1.0f : scales[r];
       }
       const auto sum_heads = [&](bool scaled) {
 #pragma unroll
         for (int query = 0; query < kQueriesPerTile; ++query) {
+          float factor[2] = {1.0f, 1.0f};  // a product's, before its relu
 #pragma unroll
-          for (int r = 0; r < 2; ++r) sums[2 * query + r] = 0.0f;
+          for (int r = 0; r < 2; ++r) {
+            sums[2 * query + r] = 0.0f;
+            const bool each = ((scaled_queries >> query) & 1u) != 0 || ((scaled_keys >> r) & 1u);
+            if (scaled && each) factor[r] = tile_scales[r];
+          }
 #pragma unroll
           for (int j8 = 0; j8 < kEpilogueHeadGroups; ++j8) {
             const int j = query * 8 + j8;
@@ -725,9 +736,9 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
             const float2 weight = reinterpret_cast<const float2*>(weights_tile)[j * 4 + lane % 4];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              const float product0 = scaled ? scales[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
+              const float product0 = scaled ? factor[r] * acc[4 * j + 2 * r] : acc[4 * j + 2 * r];
               const float product1 =
-                  scaled ? scales[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
+                  scaled ? factor[r] * acc[4 * j + 2 * r + 1] : acc[4 * j + 2 * r + 1];
               float& sum = sums[2 * query + r];
               sum = fmaf(weight.x, ReluKeepingNan(product0), sum);
               sum = fmaf(weight.y, ReluKeepingNan(product1), sum);
@@ -735,7 +746,7 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
           }
         }
       };
-      if (kHasScales && scale_each_product) {
+      if (kHasScales && (scaled_keys != 0 || scaled_queries != 0)) {
         sum_heads(true);
       } else {
         sum_heads(false);
@@ -760,10 +771,13 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
         const int slot = kSlots >= 4 ? 4 * n + lane % 4 : lane % 4;
         const int query = slot / 2;
         const int key_in_tile = row0 + 8 * (slot % 2);
-        // + 0: a negative sum times a scale that underflows gives -0, the per-product way +0.
-        if (kMayScaleAfterSum) {  // slot % 2 = lane % 2: a select, not an indexed (local) array
-          const float scale = (lane & 1) != 0 ? scale_after_sum[1] : scale_after_sum[0];
-          finished[n] = finished[n] * scale + 0.0f;
+        if (kMayScaleAfterSum) {  // slot % 2 = lane % 2: selects, not an indexed (local) array
+          const uint32_t r = lane & 1;
+          const bool each = ((scaled_queries >> query) & 1u) != 0 || ((scaled_keys >> r) & 1u);
+          const float scale = each ? 1.0f : (r != 0 ? tile_scales[1] : tile_scales[0]);
+          // Unfused (an FMA would keep the sign): a negative sum times a scale that underflows
+          // is -0, and + 0 makes it the per-product way's +0.
+          finished[n] = __fadd_rn(__fmul_rn(finished[n], scale), 0.0f);
         }
         if (kSlots >= 4 || lane % 4 < kSlots) {
           my_staging[query * kKeysPerTile + key_in_tile] =
