@@ -386,6 +386,7 @@ double Time(int64_t m, int64_t n, bool causal, FILE* log, bool fp8 = false, bool
     for (int i = 0; i < kLaunchesPerSample; ++i) {
       IndexerProblem p = ProblemOf(d, devs[(sample * kLaunchesPerSample + i) % sets]);
       p.widened = copies;
+      p.widened_capacity = copies != nullptr ? copies_bytes : 0;
       CHECK(jax_topk::LaunchIndexerLogitsWgmma(p, 0));
     }
     CHECK(cudaEventRecord(stop));

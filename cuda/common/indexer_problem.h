@@ -7,6 +7,7 @@
 // for s < L_t = clamp(lengths[b, t], 0, n); -inf for s >= L_t. Products and sums in float32.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace jax_topk {
@@ -29,9 +30,11 @@ struct IndexerProblem {
   const int32_t* lengths = nullptr;  // [batch, M], or nullptr: every L_t = N
 
   float* logits = nullptr;  // [batch, M, N]
-  // fp8 only: IndexerWidenedBytes of device memory for f16 copies of q and keys
-  // (common/indexer_widened.h), or nullptr: the kernel widens them in shared memory.
+  // Device memory the CUDA path may use for f16 copies of fp8 q and keys: it does where the
+  // shape asks for them and they fit (IndexerWidenedBytes, common/indexer_widened.h), else it
+  // widens them in shared memory.
   void* widened = nullptr;
+  size_t widened_capacity = 0;  // bytes at `widened`
 };
 
 }  // namespace jax_topk

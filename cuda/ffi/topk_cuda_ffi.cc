@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <string>
 
-#include "common/indexer_widened.h"
 #include "ffi/indexer_ffi.h"
 #include "ffi/merge_ffi.h"
 #include "ffi/topk_ffi.h"
@@ -52,11 +51,8 @@ ffi::Error RunMergeTopk(cudaStream_t stream, const MergeProblem& problem) {
 ffi::Error RunIndexerLogits(cudaStream_t stream, const IndexerCall& call,
                             ffi::Result<ffi::AnyBuffer> workspace) {
   IndexerProblem problem = call.logits;
-  const int64_t widened_bytes =
-      IndexerWidenedBytes(problem.input == IndexerInput::kFloat8E4M3, problem.batch,
-                          problem.queries, problem.heads, problem.head_dim, problem.keys_count);
-  if (widened_bytes > 0 && workspace->size_bytes() >= static_cast<size_t>(widened_bytes))
-    problem.widened = workspace->untyped_data();
+  problem.widened = workspace->untyped_data();
+  problem.widened_capacity = workspace->size_bytes();
   return LaunchError("indexer_logits", LaunchIndexerLogits(problem, stream));
 }
 

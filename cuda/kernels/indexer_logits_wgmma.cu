@@ -963,10 +963,12 @@ cudaError_t LaunchIndexerLogitsWgmma(const IndexerProblem& problem, cudaStream_t
   IndexerWgmmaPass pass;
   pass.logits = problem.logits;
   pass.logits_pitch = problem.keys_count;
-  const bool fp8 = problem.input == IndexerInput::kFloat8E4M3;
-  if (problem.widened == nullptr ||
-      IndexerWidenedBytes(fp8, problem.batch, problem.queries, problem.heads, problem.head_dim,
-                          problem.keys_count) == 0) {
+  // The one place that decides between the copies and widening in shared memory.
+  const int64_t widened_bytes =
+      IndexerWidenedBytes(problem.input == IndexerInput::kFloat8E4M3, problem.batch,
+                          problem.queries, problem.heads, problem.head_dim, problem.keys_count);
+  if (widened_bytes == 0 || problem.widened == nullptr ||
+      problem.widened_capacity < static_cast<size_t>(widened_bytes)) {
     return LaunchIndexerWgmmaPass(problem, pass, stream);
   }
   // Enough queries: q and the keys widened to f16 once, then the kernel reads them as bf16's

@@ -214,12 +214,12 @@ cudaError_t LaunchUnfused(const IndexerProblem& logits, const TopkProblem& selec
                           size_t selection_bytes, cudaStream_t stream) {
   IndexerProblem to_workspace = logits;
   to_workspace.logits = static_cast<float*>(logits_workspace);
-  const int64_t widened_bytes =
-      IndexerWidenedBytes(logits.input == IndexerInput::kFloat8E4M3, logits.batch, logits.queries,
-                          logits.heads, logits.head_dim, logits.keys_count);
-  const int64_t widened_offset = IndexerWidenedOffsetAfterLogits(selection.rows, selection.width);
-  if (widened_bytes > 0 && logits_bytes >= static_cast<size_t>(widened_offset + widened_bytes))
+  const size_t widened_offset =
+      static_cast<size_t>(IndexerWidenedOffsetAfterLogits(selection.rows, selection.width));
+  if (logits_bytes > widened_offset) {
     to_workspace.widened = static_cast<unsigned char*>(logits_workspace) + widened_offset;
+    to_workspace.widened_capacity = logits_bytes - widened_offset;
+  }
   TopkProblem over_workspace = selection;
   over_workspace.scores = to_workspace.logits;
   cudaError_t status = LaunchIndexerLogits(to_workspace, stream);
