@@ -96,10 +96,10 @@ def check_against_the_kernel_off(switch, rows, n, monkeypatch):
         np.testing.assert_array_equal(mine, theirs)
 
 
-def check_page_table_and_num_valid_rows(n):
+def check_page_table_and_num_valid_rows(n, dtype="float32"):
     rng = np.random.default_rng(4)
     rows, page = 8, 64
-    scores = rng.standard_normal((rows, n)).astype(np.float32)
+    scores = rng.standard_normal((rows, n)).astype(dtype)
     lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
     table = permuted_page_table(rng, rows, n // page)
     for valid in (8, 3, 0):

@@ -1,7 +1,9 @@
-// topk_f32_cluster: exact top-k of few float32 rows of at most kF32ClusterMaxWidth columns, a row
-// per thread block cluster of 8 or 16 blocks, each block holding a contiguous slice of the row in
-// registers (topk_f32_rows.cu's kernel spread over a cluster of SMs: one SM alone is slow to read
-// and scan a 128 KB row). Per row:
+// topk_f32_cluster: exact top-k of few rows of at most kF32ClusterMaxWidth float32 (or
+// kF32ClusterMaxWidth16 bfloat16 or float16) columns, a row per thread block cluster of 8 or 16
+// blocks, each block holding a contiguous slice of the row in registers as float32 ordered keys
+// (topk_f32_rows.cu's kernel spread over a cluster of SMs: one SM alone is slow to read and scan a
+// 128 KB row). 16-bit values are read at two bytes and widened exactly (kernels/widen_exact.cuh),
+// so every phase after the load is float32's and the values output narrows them back. Per row:
 //  1. Load: block b of the cluster keeps columns [b * slice, (b + 1) * slice), thread t of it a
 //     contiguous kElems of them, as ordered keys (0: NaN or past the length; the length applied
 //     after the loads are issued).
@@ -48,8 +50,12 @@ constexpr int kMaxParts = 16;           // blocks a cluster: the non-portable si
 constexpr int kPortableParts = 8;       // what every sm_90 device launches
 constexpr int kMaxElemsPerThread = 32;  // one bit a key in the winner masks
 constexpr int kMostServedElems = 24;    // by default (TopkF32ClusterServes): measured faster
+// 16-bit rows get no 32-key instance (kernels compiled: the float32 rows' measured limit).
+constexpr int kMaxElemsPerThread16 = 24;
 static_assert(int64_t{kMaxParts} * kThreads * kMaxElemsPerThread == kF32ClusterMaxWidth,
               "the widest row fills every register slot of the largest cluster");
+static_assert(int64_t{kMaxParts} * kThreads * kMaxElemsPerThread16 == kF32ClusterMaxWidth16,
+              "the widest 16-bit row fills the largest 16-bit instance of the largest cluster");
 constexpr int kBinsPerSuper = 32;  // a warp's lanes
 constexpr int kSuperBins = kDigitBins / kBinsPerSuper;
 static_assert(kSuperBins == 64, "warp 0 reads two super-bins a lane");
@@ -459,9 +465,10 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
   return {0, 0};  // not reached
 }
 
-template <int kElems, bool kSorted>
+template <ScoreType kType, int kElems, bool kSorted>
 __global__ void __launch_bounds__(kThreads, 1)
     TopkF32ClusterKernel(const TopkProblem problem, int slice) {
+  using Scores = RegisterScores<kType>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint4 shared_words[];
   ClusterShared& s = *reinterpret_cast<ClusterShared*>(shared_words);
@@ -471,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int part = static_cast<int>(cluster.block_rank());
   const int64_t row = blockIdx.x / parts;
   const int k = problem.k;
-  const RowOutput output(problem, row);
+  const RowOutput<Scores> output(problem, row);
   // The row's empty slots are spread over the whole cluster.
   const int cluster_thread = part * kThreads + static_cast<int>(threadIdx.x);
   const int cluster_threads = parts * kThreads;
@@ -486,9 +493,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       problem.lengths != nullptr ? problem.lengths[row] : static_cast<int32_t>(problem.width);
   const int begin = part * slice;
   RowKeys<kElems> keys;
-  LoadRow(static_cast<const float*>(problem.scores) + row * problem.width,
-          begin + static_cast<int>(threadIdx.x) * kElems,
-          min(static_cast<int>(problem.width), begin + slice), keys);
+  const auto* const row_scores =
+      static_cast<const typename Scores::Storage*>(problem.scores) + row * problem.width;
+  LoadRow<Scores>(row_scores, begin + static_cast<int>(threadIdx.x) * kElems,
+                  min(static_cast<int>(problem.width), begin + slice), keys);
   for (int i = threadIdx.x; i < kDigits * kDigitBins; i += kThreads) (&s.hist[0][0])[i] = 0;
   WarpStamp(kKeysMade);
 #if JAX_TOPK_F32_CLUSTER_STAMPS
@@ -550,9 +558,51 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kElems, bool kSorted>
+template <ScoreType kType, int kElems, bool kSorted>
 const void* KernelFor() {
-  return reinterpret_cast<const void*>(&TopkF32ClusterKernel<kElems, kSorted>);
+  return reinterpret_cast<const void*>(&TopkF32ClusterKernel<kType, kElems, kSorted>);
+}
+
+// The instances a score type has: keys a thread in ascending order (float32 rows 4 to 32;
+// 16-bit rows, read 8 columns a load, 8 to 24), unsorted or sorted; the first null ends a list.
+constexpr int kMaxInstances = 5;
+struct Instances {
+  int elems[kMaxInstances];
+  const void* kernels[2][kMaxInstances];  // [sorted][i]
+};
+template <ScoreType kType>
+Instances InstancesOf() {
+  if constexpr (kType == ScoreType::kFloat32) {
+    return {{4, 8, 16, 24, 32},
+            {{KernelFor<kType, 4, false>(), KernelFor<kType, 8, false>(),
+              KernelFor<kType, 16, false>(), KernelFor<kType, 24, false>(),
+              KernelFor<kType, 32, false>()},
+             {KernelFor<kType, 4, true>(), KernelFor<kType, 8, true>(),
+              KernelFor<kType, 16, true>(), KernelFor<kType, 24, true>(),
+              KernelFor<kType, 32, true>()}}};
+  } else {
+    return {{8, 16, 24, 0, 0},
+            {{KernelFor<kType, 8, false>(), KernelFor<kType, 16, false>(),
+              KernelFor<kType, 24, false>(), nullptr, nullptr},
+             {KernelFor<kType, 8, true>(), KernelFor<kType, 16, true>(),
+              KernelFor<kType, 24, true>(), nullptr, nullptr}}};
+  }
+}
+Instances InstancesFor(ScoreType type) {
+  switch (type) {
+    case ScoreType::kBfloat16:
+      return InstancesOf<ScoreType::kBfloat16>();
+    case ScoreType::kFloat16:
+      return InstancesOf<ScoreType::kFloat16>();
+    default:
+      return InstancesOf<ScoreType::kFloat32>();
+  }
+}
+
+// The widest row of a score type a cluster of `parts` blocks holds.
+int64_t MaxWidthFor(ScoreType type, int parts) {
+  const int elems = type == ScoreType::kFloat32 ? kMaxElemsPerThread : kMaxElemsPerThread16;
+  return int64_t{parts} * kThreads * elems;
 }
 
 // A block's shared memory, padded past half an SM's (228 KB) so that a cluster's blocks are
@@ -585,26 +635,36 @@ DevicePlan ComputePlan(int device) {
     return {};
   }
   const int shared_bytes = kSharedBytes;
-  const void* kernels[] = {KernelFor<4, false>(),  KernelFor<8, false>(),  KernelFor<16, false>(),
-                           KernelFor<24, false>(), KernelFor<32, false>(), KernelFor<4, true>(),
-                           KernelFor<8, true>(),   KernelFor<16, true>(),  KernelFor<24, true>(),
-                           KernelFor<32, true>()};
+  constexpr int kMaxKernels = 3 * 2 * kMaxInstances;
+  const void* kernels[kMaxKernels] = {};
+  int kernel_count = 0;
+  for (const ScoreType type : {ScoreType::kFloat32, ScoreType::kBfloat16, ScoreType::kFloat16}) {
+    const Instances instances = InstancesFor(type);
+    for (int sorted = 0; sorted < 2; ++sorted) {
+      for (const void* kernel : instances.kernels[sorted]) {
+        if (kernel != nullptr) kernels[kernel_count++] = kernel;
+      }
+    }
+  }
   bool non_portable = true;
-  for (const void* kernel : kernels) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-    non_portable &= cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+  for (int i = 0; i < kernel_count; ++i) {
+    cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+    non_portable &= cudaFuncSetAttribute(kernels[i],
+                                         cudaFuncAttributeNonPortableClusterSizeAllowed,
                                          1) == cudaSuccess;
   }
   cudaGetLastError();  // a refused attribute is not sticky: clear it
   // The fewest clusters any instance holds (they differ only in registers).
   const auto resident = [&](int parts) {
     int fewest = INT_MAX;
-    for (const void* kernel : kernels) {
+    for (int i = 0; i < kernel_count; ++i) {
       cudaLaunchAttribute attribute;
       const cudaLaunchConfig_t config =
           ClusterConfig(parts, parts, shared_bytes, nullptr, attribute);
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernels[i], &config) != cudaSuccess) {
+        clusters = 0;
+      }
       fewest = min(fewest, clusters);
     }
     cudaGetLastError();
@@ -638,12 +698,12 @@ const char* Mode(const char* name) {
   return nullptr;
 }
 
-// The blocks a row: 16 where every row's cluster is resident at once, else 8 (rows of at most
-// 131072 columns); JAX_TOPK_F32_CLUSTER_PARTS=8 or 16 forces a size (benchmarks, tests). 0: none
-// that launches here. `one_wave` says whether all the rows' clusters are resident at once.
-int PartsFor(const TopkProblem& problem, const DevicePlan& plan, bool& one_wave) {
-  const bool fits_portable =
-      problem.width <= int64_t{kPortableParts} * kThreads * kMaxElemsPerThread;
+// The blocks a row: 16 where every row's cluster is resident at once, else 8 (rows that 8 blocks
+// hold: 131072 float32 or 98304 16-bit columns); JAX_TOPK_F32_CLUSTER_PARTS=8 or 16 forces a size
+// (benchmarks, tests). 0: none that launches here. `waves`: how many times over the device's
+// resident clusters the rows' clusters run (1: all at once).
+int PartsFor(const TopkProblem& problem, const DevicePlan& plan, int64_t& waves) {
+  const bool fits_portable = problem.width <= MaxWidthFor(problem.score_type, kPortableParts);
   const bool can_most = plan.resident_most > 0;
   const bool can_portable = plan.resident_portable > 0 && fits_portable;
   const char* forced = std::getenv("JAX_TOPK_F32_CLUSTER_PARTS");
@@ -658,20 +718,29 @@ int PartsFor(const TopkProblem& problem, const DevicePlan& plan, bool& one_wave)
     parts = kPortableParts;
   }
   const int resident = parts == kMaxParts ? plan.resident_most : plan.resident_portable;
-  one_wave = parts > 0 && problem.rows <= resident;
+  waves = parts > 0 && resident > 0 ? (problem.rows + resident - 1) / resident : 0;
   return parts;
 }
 
-template <bool kSorted>
-void Launch(const TopkProblem& problem, int parts, int device, cudaStream_t stream) {
-  // The slice a block: a multiple of 4 columns (whole float4 loads), kElems covering it.
-  const int64_t slice = (problem.width + 4 * parts - 1) / (4 * parts) * 4;
-  const int elems = static_cast<int>((slice + kThreads - 1) / kThreads);
-  const void* kernel = elems <= 4    ? KernelFor<4, kSorted>()
-                       : elems <= 8  ? KernelFor<8, kSorted>()
-                       : elems <= 16 ? KernelFor<16, kSorted>()
-                       : elems <= 24 ? KernelFor<24, kSorted>()
-                                     : KernelFor<32, kSorted>();
+// The keys a thread of `parts` blocks a row hold: a block's slice (whole 16-byte chunks of the
+// row's type, 4 or 8 columns) over its threads.
+int ElemsPerThread(const TopkProblem& problem, int parts, int64_t& slice) {
+  const int64_t chunk = problem.score_type == ScoreType::kFloat32 ? 4 : 8;
+  slice = (problem.width + chunk * parts - 1) / (chunk * parts) * chunk;
+  return static_cast<int>((slice + kThreads - 1) / kThreads);
+}
+
+// The launch of the fewest keys a thread that cover a slice (the caller checked the width).
+void Launch(const TopkProblem& problem, int parts, cudaStream_t stream) {
+  const Instances instances = InstancesFor(problem.score_type);
+  int64_t slice = 0;
+  const int elems = ElemsPerThread(problem, parts, slice);
+  int chosen = 0;
+  while (chosen + 1 < kMaxInstances && instances.elems[chosen] < elems &&
+         instances.kernels[0][chosen + 1] != nullptr) {
+    ++chosen;
+  }
+  const void* kernel = instances.kernels[problem.sorted ? 1 : 0][chosen];
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
       ClusterConfig(problem.rows * parts, parts, kSharedBytes, stream, attribute);
@@ -683,8 +752,7 @@ void Launch(const TopkProblem& problem, int parts, int device, cudaStream_t stre
 }  // namespace
 
 bool TopkF32ClusterServes(const TopkProblem& problem) {
-  if (problem.score_type != ScoreType::kFloat32 || problem.width > kF32ClusterMaxWidth ||
-      problem.rows < 1) {
+  if (problem.width > MaxWidthFor(problem.score_type, kMaxParts) || problem.rows < 1) {
     return false;
   }
   // Benchmarks and tests: "off" or "always" (every call it can take), read at each launch. A
@@ -697,17 +765,26 @@ bool TopkF32ClusterServes(const TopkProblem& problem) {
     return false;
   }
   const DevicePlan plan = PlanFor(device);
-  bool one_wave = false;
-  const int parts = PartsFor(problem, plan, one_wave);
+  int64_t waves = 0;
+  const int parts = PartsFor(problem, plan, waves);
   if (parts == 0 || problem.rows > INT_MAX / parts) return false;
   if (mode != nullptr) return true;
+  if (problem.width <= 8192) return false;  // not measured against the kernels that serve them
+  if (problem.score_type != ScoreType::kFloat32) {
+    // Measured on the H200 (benches/NOTES.md "16-bit rows on the cluster kernel"): the filtered
+    // kernel takes 13-25 us on 1 to 16 16-bit rows of 16384 to 196608 columns, this kernel 7.5 to
+    // 10.4 us a wave, sorted k = 2048 included; a second wave still wins at 16 keys a thread
+    // (8 x 131072: 18.9 against 24.3 us) and loses at 24 (8 x 152064: 20.1 against 18.6).
+    int64_t slice = 0;
+    return waves == 1 || (waves == 2 && ElemsPerThread(problem, parts, slice) <= 16);
+  }
   if (Mode("JAX_TOPK_F32_ROWS") != nullptr) return false;
   // Measured on the H200 (benches/NOTES.md "topk_f32_cluster"): faster only with 16 blocks a row
   // for every row at once and at most 24 keys a thread (1 x 16384 to 1 x 152064, 4 x 32768);
   // 8 blocks a row (8 x 131072), 32 keys a thread (1 x 262144), rows of at most 8192 columns
   // (topk_f32_rows') and the block radix sort of more than 256 winners lose.
   if (problem.sorted && problem.k > kMaxRankedByCount) return false;
-  return parts == kMaxParts && one_wave && problem.width > 8192 &&
+  return parts == kMaxParts && waves == 1 &&
          problem.width <= int64_t{kMaxParts} * kThreads * kMostServedElems;
 }
 
@@ -715,19 +792,14 @@ cudaError_t LaunchTopkF32Cluster(const TopkProblem& problem, cudaStream_t stream
   if (problem.rows == 0) return cudaSuccess;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return cudaErrorInvalidDevice;
-  bool one_wave = false;
-  const int parts = problem.rows > 0 ? PartsFor(problem, PlanFor(device), one_wave) : 0;
+  int64_t waves = 0;
+  const int parts = problem.rows > 0 ? PartsFor(problem, PlanFor(device), waves) : 0;
   if (parts == 0 || problem.rows > INT_MAX / parts || problem.width < 1 ||
-      problem.width > kF32ClusterMaxWidth || problem.k < 1 || problem.k > kMaxK ||
-      problem.score_type != ScoreType::kFloat32 ||
-      (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
+      problem.width > MaxWidthFor(problem.score_type, parts) || problem.k < 1 ||
+      problem.k > kMaxK || (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
     return cudaErrorInvalidValue;
   }
-  if (problem.sorted) {
-    Launch<true>(problem, parts, device, stream);
-  } else {
-    Launch<false>(problem, parts, device, stream);
-  }
+  Launch(problem, parts, stream);
   return cudaGetLastError();
 }
 

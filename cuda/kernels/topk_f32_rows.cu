@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProbl
   __shared__ Shared s;
   const int64_t row = blockIdx.x;
   const int k = problem.k;
-  const RowOutput output(problem, row);
+  const RowOutput<Float32Scores> output(problem, row);
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
     StoreStagedWinners<kThreads, false>(s.staged, s.sort, output, k, 0);
     return;
@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProbl
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
                                                   : problem.width);
   RowKeys<kElems> keys;
-  LoadRow(static_cast<const float*>(problem.scores) + row * problem.width,
-          static_cast<int>(threadIdx.x) * kElems, length, keys);
+  LoadRow<Float32Scores>(static_cast<const float*>(problem.scores) + row * problem.width,
+                         static_cast<int>(threadIdx.x) * kElems, length, keys);
 
   // Valid keys (<= 2^15) and valid sampled keys, summed in one int.
   uint32_t counts = 0;

@@ -13,8 +13,9 @@
 // Modes (launch_plan.cuh picks): a queue of rows for a pool of workers (queue_worker.cuh), or a
 // thread block cluster per row whose blocks add up their histograms (cluster_split.cuh).
 // Traffic: the sample (<= 1/8 of the row) + one read. Limits: width < 2^31, k <= kMaxK.
-// Few float32 rows of at most kF32ClusterMaxWidth columns go to topk_f32_cluster.cu instead, and
-// some more rows of at most kF32RowsMaxWidth columns to topk_f32_rows.cu.
+// Few rows of at most kF32ClusterMaxWidth float32 (kF32ClusterMaxWidth16 16-bit) columns go to
+// topk_f32_cluster.cu instead, and some more float32 rows of at most kF32RowsMaxWidth columns to
+// topk_f32_rows.cu.
 #include <climits>
 
 #include "common/topk_problem.h"
@@ -37,8 +38,10 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
       if (TopkF32RowsServes(problem)) return LaunchTopkF32Rows(problem, stream);
       return LaunchFilteredFloat32Rows(problem, workspace, workspace_bytes, stream);
     case ScoreType::kBfloat16:
+      if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
       return LaunchFilteredBfloat16Rows(problem, workspace, workspace_bytes, stream);
     case ScoreType::kFloat16:
+      if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
       return LaunchFilteredFloat16Rows(problem, workspace, workspace_bytes, stream);
   }
   return cudaErrorInvalidValue;

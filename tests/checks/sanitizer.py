@@ -151,9 +151,10 @@ def _f32_rows_cases(gpu, cpu, rng):
 
 
 def _f32_cluster_cases(gpu, cpu, rng):
-    """The cluster kernel for few float32 rows of <= 262144 columns, at both cluster sizes:
-    slices past the row's end, unaligned rows, ties across its blocks, NaN and signed zeros,
-    sorted output (by count and by the block sort) and values, more rows than one wave."""
+    """The cluster kernel for few float32 rows of <= 262144 columns (16-bit rows of <= 196608),
+    at both cluster sizes: slices past the row's end, unaligned rows, ties across its blocks, NaN
+    and signed zeros, sorted output (by count and by the block sort) and values, more rows than
+    one wave."""
     crowded = rng.standard_normal((3, 152064), np.float32) * 0.01
     crowded[:, ::7] = 0.5
     nan_zero = _nan_and_zero_rows(rng, 4, 100_003).astype(np.float32)
@@ -166,9 +167,14 @@ def _f32_cluster_cases(gpu, cpu, rng):
         (nan_zero, 512),
         (rng.standard_normal((20, 5001), np.float32), 2048),
     ]
+    # 16-bit rows (read at two bytes, at most 196608 columns): the same rows rounded.
+    cases_16 = [
+        (rng.standard_normal((2, 196608)).astype(dtype), 2048) for dtype in ("bfloat16", "float16")
+    ] + [(scores.astype(dtype), k) for scores, k in cases[1:] for dtype in ("bfloat16", "float16")]
     for parts in ("16", "8"):
         with _environment(JAX_TOPK_F32_CLUSTER="always", JAX_TOPK_F32_CLUSTER_PARTS=parts):
             _top_k_matches(gpu, cpu, rng, cases if parts == "16" else cases[2:])
+            _top_k_matches(gpu, cpu, rng, cases_16 if parts == "16" else cases_16[4:])
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
-// The pieces the two float32 register kernels share: topk_f32_rows.cu (a block a row) and
-// topk_f32_cluster.cu (a thread block cluster a row). Both hold a thread's contiguous columns as
-// ordered keys in registers, find the k-th key by 11+11+10-bit radix digits, and take the
-// winners by (greater, equal) masks against it, ties to the lowest columns.
+// The pieces the two register kernels share: topk_f32_rows.cu (a block a float32 row) and
+// topk_f32_cluster.cu (a thread block cluster a row of float32, bfloat16 or float16). Both hold a
+// thread's contiguous columns as float32 ordered keys in registers (16-bit values widened exactly,
+// kernels/widen_exact.cuh), find the k-th key by 11+11+10-bit radix digits, and take the winners
+// by (greater, equal) masks against it, ties to the lowest columns.
 //
 // Contract: device code only. RowOutput and the per-thread helpers touch no shared memory;
 // StoreStagedWinners is called by every thread of one block (one barrier when sorting).
@@ -14,7 +15,9 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "common/topk_problem.h"
 #include "kernels/set_bits.cuh"
+#include "kernels/widen_exact.cuh"
 
 namespace jax_topk {
 namespace {
@@ -42,45 +45,107 @@ struct RowKeys {
   int first_column;
 };
 
-// NaN -> 0, below every real key (-inf's is 0x007FFFFF), like a column past the length.
-__device__ __forceinline__ uint32_t KeyOf(float value) {
-  const uint32_t bits = __float_as_uint(value);
+// The score types a row may hold: what one element is stored as, how many one 16-byte load
+// brings, its exact widening to float32 bits, and the values output's element (a winner's
+// widened bits narrowed back; -inf in an empty slot).
+template <ScoreType kType>
+struct RegisterScores;
+template <>
+struct RegisterScores<ScoreType::kFloat32> {
+  using Storage = float;
+  using Value = uint32_t;
+  static constexpr int kChunkElems = 4;
+  static constexpr Value kEmptyValue = kNegInfF32Bits;
+  __device__ __forceinline__ static uint32_t Widen(float value) { return __float_as_uint(value); }
+  __device__ __forceinline__ static Value Narrow(uint32_t widened) { return widened; }
+};
+template <>
+struct RegisterScores<ScoreType::kBfloat16> {
+  using Storage = unsigned short;
+  using Value = unsigned short;
+  static constexpr int kChunkElems = 8;
+  static constexpr Value kEmptyValue = kNegInfBf16Bits;
+  __device__ __forceinline__ static uint32_t Widen(Storage bits) { return WidenBf16Bits(bits); }
+  __device__ __forceinline__ static Value Narrow(uint32_t widened) {
+    return NarrowToBf16Bits(widened);
+  }
+};
+template <>
+struct RegisterScores<ScoreType::kFloat16> {
+  using Storage = unsigned short;
+  using Value = unsigned short;
+  static constexpr int kChunkElems = 8;
+  static constexpr Value kEmptyValue = kNegInfF16Bits;
+  __device__ __forceinline__ static uint32_t Widen(Storage bits) { return WidenF16Bits(bits); }
+  __device__ __forceinline__ static Value Narrow(uint32_t widened) {
+    return NarrowToF16Bits(widened);
+  }
+};
+using Float32Scores = RegisterScores<ScoreType::kFloat32>;
+
+// The ordered key of float32 bits; NaN -> 0, below every real key (-inf's is 0x007FFFFF), like a
+// column past the length.
+__device__ __forceinline__ uint32_t KeyOfBits(uint32_t bits) {
   return IsNanF32(bits) ? 0u : OrderedKeyF32(bits);
+}
+template <class Scores>
+__device__ __forceinline__ uint32_t KeyOf(typename Scores::Storage element) {
+  return KeyOfBits(Scores::Widen(element));
 }
 
 // Loads columns [first_column, first_column + kElems) of a row, keys at or past `end` 0.
-// first_column is a multiple of 4. Every load is issued before any key is made, so they are all
-// in flight at once (a load under a branch would wait for the one before it): whole float4 loads
-// where the row is 16-byte aligned and the slice lies before `end`, else scalar loads of clamped
-// columns.
-template <int kElems>
-__device__ __forceinline__ void LoadRow(const float* row_scores, int first_column, int end,
-                                        RowKeys<kElems>& row) {
-  static_assert(kElems % 4 == 0, "whole float4 vectors");
+// first_column is a multiple of Scores::kChunkElems. Every load is issued before any key is made,
+// so they are all in flight at once (a load under a branch would wait for the one before it):
+// whole 16-byte loads where the row is 16-byte aligned and the slice lies before `end`, else
+// scalar loads of clamped columns.
+template <class Scores, int kElems>
+__device__ __forceinline__ void LoadRow(const typename Scores::Storage* row_scores,
+                                        int first_column, int end, RowKeys<kElems>& row) {
+  constexpr int kChunk = Scores::kChunkElems;
+  static_assert(kElems % kChunk == 0, "whole 16-byte chunks");
   row.first_column = first_column;
   const bool aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
   if (first_column >= end) {
 #pragma unroll
     for (int i = 0; i < kElems; ++i) row.key[i] = 0;
   } else if (aligned && first_column + kElems <= end) {
-    float4 four[kElems / 4];
+    if constexpr (kChunk == 4) {
+      float4 four[kElems / 4];
 #pragma unroll
-    for (int v = 0; v < kElems / 4; ++v) {
-      four[v] = __ldg(reinterpret_cast<const float4*>(row_scores + first_column) + v);
-    }
+      for (int v = 0; v < kElems / 4; ++v) {
+        four[v] = __ldg(reinterpret_cast<const float4*>(row_scores + first_column) + v);
+      }
 #pragma unroll
-    for (int v = 0; v < kElems / 4; ++v) {
-      row.key[4 * v] = KeyOf(four[v].x);
-      row.key[4 * v + 1] = KeyOf(four[v].y);
-      row.key[4 * v + 2] = KeyOf(four[v].z);
-      row.key[4 * v + 3] = KeyOf(four[v].w);
+      for (int v = 0; v < kElems / 4; ++v) {
+        row.key[4 * v] = KeyOf<Scores>(four[v].x);
+        row.key[4 * v + 1] = KeyOf<Scores>(four[v].y);
+        row.key[4 * v + 2] = KeyOf<Scores>(four[v].z);
+        row.key[4 * v + 3] = KeyOf<Scores>(four[v].w);
+      }
+    } else {  // 8 16-bit elements a chunk, the lower column in a word's low half
+      uint4 chunks[kElems / 8];
+#pragma unroll
+      for (int v = 0; v < kElems / 8; ++v) {
+        chunks[v] = __ldg(reinterpret_cast<const uint4*>(row_scores + first_column) + v);
+      }
+#pragma unroll
+      for (int v = 0; v < kElems / 8; ++v) {
+        const uint32_t words[4] = {chunks[v].x, chunks[v].y, chunks[v].z, chunks[v].w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          row.key[8 * v + 2 * w] = KeyOf<Scores>(static_cast<unsigned short>(words[w] & 0xFFFFu));
+          row.key[8 * v + 2 * w + 1] = KeyOf<Scores>(static_cast<unsigned short>(words[w] >> 16));
+        }
+      }
     }
   } else {
-    float values[kElems];
+    typename Scores::Storage values[kElems];
 #pragma unroll
     for (int i = 0; i < kElems; ++i) values[i] = __ldg(row_scores + min(first_column + i, end - 1));
 #pragma unroll
-    for (int i = 0; i < kElems; ++i) row.key[i] = first_column + i < end ? KeyOf(values[i]) : 0u;
+    for (int i = 0; i < kElems; ++i) {
+      row.key[i] = first_column + i < end ? KeyOf<Scores>(values[i]) : 0u;
+    }
   }
 }
 
@@ -164,27 +229,30 @@ __device__ __forceinline__ void ForEachTaken(const RowKeys<kElems>& row, TakenKe
   }
 }
 
-// Where row `row`'s k slots go: indices page-transformed, values (when asked) as float32 bits.
+// Where row `row`'s k slots go: indices page-transformed, values (when asked) in the scores'
+// type.
+template <class Scores>
 struct RowOutput {
   int32_t* indices;
-  uint32_t* values;
+  typename Scores::Value* values;
   const int32_t* table_row;
   int32_t log2_page_size;
 
   __device__ __forceinline__ RowOutput(const TopkProblem& problem, int64_t row)
       : indices(problem.out + row * problem.k),
-        values(problem.values != nullptr ? static_cast<uint32_t*>(problem.values) + row * problem.k
-                                         : nullptr),
+        values(problem.values != nullptr
+                   ? static_cast<typename Scores::Value*>(problem.values) + row * problem.k
+                   : nullptr),
         table_row(PageTableRow(problem, row)),
         log2_page_size(problem.log2_page_size) {}
 
   __device__ __forceinline__ void Store(int slot, int32_t column, uint32_t key) const {
     indices[slot] = PageTransform(column, table_row, log2_page_size);
-    if (values != nullptr) values[slot] = BitsFromOrderedKeyF32(key);
+    if (values != nullptr) values[slot] = Scores::Narrow(BitsFromOrderedKeyF32(key));
   }
   __device__ __forceinline__ void StoreEmpty(int slot) const {
     indices[slot] = kEmptySlot;
-    if (values != nullptr) values[slot] = kNegInfF32Bits;
+    if (values != nullptr) values[slot] = Scores::kEmptyValue;
   }
 };
 
@@ -204,10 +272,10 @@ constexpr int kMaxRankedByCount = 256;
 
 // The `selected` staged winners into the row's k slots, padded with kEmptySlot (-inf values);
 // sorted: value descending, then column ascending. Every thread of the block calls it.
-template <int kThreads, bool kSorted>
+template <int kThreads, bool kSorted, class Output>
 __device__ __forceinline__ void StoreStagedWinners(const StagedWinners& staged,
                                                    typename WinnerSort<kThreads>::TempStorage& sort,
-                                                   const RowOutput& output, int k, int selected) {
+                                                   const Output& output, int k, int selected) {
   if (!kSorted || selected <= kMaxRankedByCount) {
     for (int slot = threadIdx.x; slot < k; slot += kThreads) {
       if (slot >= selected) {

@@ -18,6 +18,7 @@
 
 #include "common/topk_problem.h"
 #include "kernels/filtered/layout.cuh"
+#include "kernels/widen_exact.cuh"
 
 namespace jax_topk {
 namespace {
@@ -33,9 +34,8 @@ struct RowElements<ScoreType::kFloat32> {
 template <>
 struct RowElements<ScoreType::kBfloat16> {
   using Storage = unsigned short;
-  // bfloat16 is the top half of a float32.
   __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
-    return static_cast<uint32_t>(bits) << 16;
+    return WidenBf16Bits(bits);
   }
   // The two elements of a 32-bit word (the lower column in the low half), widened: one
   // instruction each.
@@ -65,9 +65,8 @@ struct RowElements<ScoreType::kBfloat16> {
 template <>
 struct RowElements<ScoreType::kFloat16> {
   using Storage = unsigned short;
-  // Exact: every float16 (subnormals included) is a float32; a NaN widens to a NaN.
   __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
-    return __float_as_uint(__half2float(__ushort_as_half(bits)));
+    return WidenF16Bits(bits);
   }
   __device__ __forceinline__ static uint32_t WidenLow(uint32_t word) {
     return Widen(static_cast<unsigned short>(word & 0xFFFFu));

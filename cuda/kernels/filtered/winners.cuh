@@ -9,11 +9,10 @@
 // s.work (as the sort's storage) and ends with a barrier, after which both are free again.
 #pragma once
 
-#include <cuda_fp16.h>
-
 #include "kernels/filtered/layout.cuh"
 #include "kernels/filtered/probe.cuh"
 #include "kernels/topk_scan.cuh"
+#include "kernels/widen_exact.cuh"
 
 namespace jax_topk {
 namespace {
@@ -71,10 +70,10 @@ __device__ __forceinline__ void WriteValue(const TopkProblem& problem, int64_t i
       static_cast<uint32_t*>(problem.values)[index] = bits;
       break;
     case ScoreType::kBfloat16:
-      static_cast<uint16_t*>(problem.values)[index] = static_cast<uint16_t>(bits >> 16);
+      static_cast<uint16_t*>(problem.values)[index] = NarrowToBf16Bits(bits);
       break;
     case ScoreType::kFloat16:
-      static_cast<__half*>(problem.values)[index] = __float2half_rn(__uint_as_float(bits));
+      static_cast<uint16_t*>(problem.values)[index] = NarrowToF16Bits(bits);
       break;
   }
 }
