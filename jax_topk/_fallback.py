@@ -22,9 +22,11 @@ values too can gather them (-1 slots are the empty ones).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ._contract import Operands, Params
 from ._indexer_contract import LOGITS, IndexerOperands
@@ -82,8 +84,22 @@ def gather_values(scores, columns):
     return jnp.where(columns != EMPTY_SLOT, picked, empty_value(scores.dtype))
 
 
+def columns_gathered(scores):
+    """The rows with their columns on every device they span: under Explicit sharding
+    `lax.top_k` and `lax.sort` refuse an axis sharded along the one they rank, so columns
+    sharded there are gathered first (what XLA does by itself under Auto sharding, where
+    the type carries no sharding and this changes nothing). Row sharding is kept."""
+    sharding = jax.typeof(scores).sharding
+    spec = getattr(sharding, "spec", None)
+    if spec is None or len(spec) < scores.ndim or spec[scores.ndim - 1] is None:
+        return scores
+    gathered = PartitionSpec(*spec[: scores.ndim - 1], None)
+    return jax.sharding.reshard(scores, NamedSharding(sharding.mesh, gathered))
+
+
 def select_with_values(scores, lengths, *, k: int, sorted: bool):
     """top_k's exact path for any dtype: (values, indices) of 2-D rows."""
+    scores = columns_gathered(scores)
     columns = select(scores, lengths, None, k=k, sorted=sorted, has_num_valid_rows=False)
     return gather_values(scores, columns), columns
 
@@ -101,7 +117,7 @@ def select(scores, lengths, num_valid_rows, *, k: int, sorted: bool, has_num_val
     rows, n = scores.shape
     if rows == 0:
         return jnp.full((0, k), EMPTY_SLOT, jnp.int32)
-    keys, is_nan = ordered_keys(scores)
+    keys, is_nan = ordered_keys(columns_gathered(scores))
     columns = lax.broadcasted_iota(jnp.int32, (rows, n), 1)
     candidate = (columns < jnp.clip(lengths, 0, n)[:, None]) & ~is_nan
     if has_num_valid_rows:

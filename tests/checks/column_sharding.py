@@ -166,30 +166,31 @@ def check_row_sharded_merge(rng):
 
 def check_k_past_2048(shape, names, spec, axis_type, rng):
     """top_k past the kernels' k = 2048 on column-sharded rows: rounds (k = 2049) and the
-    one-sort path (k = 6000), values bit for bit (the sort path's gather of the values must
-    not add the shards' float results: -0 and subnormals would change)."""
+    one-sort path (k = 6000, and integer rows at any k), values bit for bit (the sort path's
+    gather of the values must not add the shards' float results: -0 and subnormals would
+    change). Under Explicit sharding the sort path gathers the columns first (lax.top_k and
+    lax.sort refuse a sharded ranking axis there)."""
     mesh = jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
-    checks = 0
-    for family in ("signed_zeros", "denormals", "random_bits"):
-        operand = families.make(family, rng, (4, 8192), "float32")
-        for k in (2049, 6000):
-            fn = jax.jit(lambda x, k=k: jax_topk.top_k(x, k))
-            got = fn(jax.device_put(operand, NamedSharding(mesh, spec)))
-            want = fn(operand)
-            for g, w in zip(got, want):
-                assert_same_bits(g, w, f"top_k {family} k={k}")
-            checks += 1
-    return checks
+    integers = rng.integers(-3, 4, size=(4, 8192)).astype(np.int32)
+    cases = [
+        (families.make(family, rng, (4, 8192), "float32"), k)
+        for family in ("signed_zeros", "denormals", "random_bits")
+        for k in (2049, 6000)
+    ] + [(integers, 50), (integers.astype(np.int8), 3000)]
+    for operand, k in cases:
+        fn = jax.jit(lambda x, k=k: jax_topk.top_k(x, k))
+        got = fn(jax.device_put(operand, NamedSharding(mesh, spec)))
+        want = fn(operand)
+        for g, w in zip(got, want):
+            assert_same_bits(g, w, f"top_k {operand.dtype} k={k}")
+    return len(cases)
 
 
 def main():
     assert len(jax.devices()) == 8, jax.devices()
     rng = np.random.default_rng(31)
     checks = sum(check_layout(*layout, rng) for layout in LAYOUTS)
-    # Auto mode only: in Explicit mode the one-sort path's jax.lax.top_k refuses rows sharded
-    # along its axis (a known limit of that path; the rounds take Explicit rows).
-    auto = [layout for layout in LAYOUTS if layout[3] == jax.sharding.AxisType.Auto]
-    checks += sum(check_k_past_2048(*layout, rng) for layout in auto)
+    checks += sum(check_k_past_2048(*layout, rng) for layout in LAYOUTS)
     checks += check_row_sharded_merge(rng)
     print(
         f"column sharding ({_sharding.COLUMN_MERGE}): {checks} sharded calls equal the "
