@@ -16,7 +16,12 @@ import pytest
 import jax_topk
 from tests.support import families
 from tests.support.operators import gpu_devices, run_op
-from tests.test_f32_cluster import cross_block_ties, few_ties_at_the_kth, small_k_rows
+from tests.test_f32_cluster import (
+    check_families,
+    cross_block_ties,
+    few_ties_at_the_kth,
+    small_k_rows,
+)
 from tests.test_f32_rows import check_page_table_and_num_valid_rows, crowded_rows, same_on_both
 from tests.test_gpu_stress import one_coarse_bin, sample_foolers
 
@@ -36,16 +41,6 @@ WIDTHS_EIGHT = [3, 16389, 32768, 65536, 98304, 98312]
 @pytest.fixture(autouse=True)
 def cluster_kernel_always(monkeypatch):
     monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "always")
-
-
-def check_families(n, k, dtype, rows=6):
-    rng = np.random.default_rng(n * 7 + k)
-    for family in sorted(families.FAMILIES):
-        scores = families.make(family, rng, (rows, n), dtype)
-        lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
-        lengths[:4] = [n, k - 1, k, k + 1]
-        for sorted_ in (False, True):
-            same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

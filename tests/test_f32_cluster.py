@@ -49,10 +49,10 @@ def cross_block_ties(rng, rows, n):
     return out
 
 
-def check_families(n, k, rows=6):
+def check_families(n, k, dtype="float32", rows=6):
     rng = np.random.default_rng(n * 7 + k)
     for family in sorted(families.FAMILIES):
-        scores = families.make(family, rng, (rows, n), "float32")
+        scores = families.make(family, rng, (rows, n), dtype)
         lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
         lengths[:4] = [n, k - 1, k, k + 1]
         for sorted_ in (False, True):
@@ -70,6 +70,17 @@ def test_families(n, k):
 def test_families_eight_blocks(n, k, monkeypatch):
     monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", "8")
     check_families(n, k)
+
+
+# Cluster sizes between and below 8 and 16 (the host takes 9 to 15 where 16 would leave a second
+# wave): every dtype, the widest row each size holds (32 float32 or 24 16-bit keys a thread).
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("parts", [3, 5, 12, 13])
+def test_families_any_cluster_size(parts, dtype, monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", str(parts))
+    widest = parts * 512 * (32 if dtype == "float32" else 24)
+    for n in (4099, widest):
+        check_families(n, 2048 if parts > 3 else 777, dtype, rows=4)
 
 
 @pytest.mark.parametrize("n", [4097, 32768, 152064])
@@ -146,9 +157,10 @@ def test_small_k_on_long_slices(n, k):
     some blocks fewer than k real keys (or none)."""
     rng = np.random.default_rng(n + k)
     rows = 6
-    for scores in (small_k_rows(rng, rows, n, k), *(
-        families.make(family, rng, (rows, n), "float32") for family in sorted(families.FAMILIES)
-    )):
+    for scores in (
+        small_k_rows(rng, rows, n, k),
+        *(families.make(family, rng, (rows, n), "float32") for family in sorted(families.FAMILIES)),
+    ):
         lengths = np.full(rows, n, np.int32)
         lengths[1::3] = [k + 1, n // 3][: len(lengths[1::3])]
         for sorted_ in (False, True):

@@ -35,12 +35,12 @@ constexpr int kF32RowsMaxWidth = 32768;
 bool TopkF32RowsServes(const TopkProblem& problem);
 cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 
-// topk_f32_cluster: a thread block cluster of 8 or 16 blocks per row of width <=
+// topk_f32_cluster: a thread block cluster of 8 to 16 blocks per row of width <=
 // kF32ClusterMaxWidth float32 or kF32ClusterMaxWidth16 bfloat16 / float16 scores (16 blocks past
 // 8's 131072 / 98304 columns), each block a slice of the row in its registers as float32 keys;
 // needs sm_90. LaunchTopkFiltered hands it the calls TopkF32ClusterServes (few rows: every row's
 // cluster on its own SMs at once); JAX_TOPK_F32_CLUSTER=off or =always overrides that at each
-// launch, JAX_TOPK_F32_CLUSTER_PARTS=8 or =16 the cluster size (benchmarks, tests).
+// launch, JAX_TOPK_F32_CLUSTER_PARTS=2 to 16 the cluster size (benchmarks, tests).
 constexpr int64_t kF32ClusterMaxWidth = 262144;
 constexpr int64_t kF32ClusterMaxWidth16 = 196608;
 bool TopkF32ClusterServes(const TopkProblem& problem);

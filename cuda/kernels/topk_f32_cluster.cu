@@ -1,5 +1,5 @@
 // topk_f32_cluster: exact top-k of few rows of at most kF32ClusterMaxWidth float32 (or
-// kF32ClusterMaxWidth16 bfloat16 or float16) columns, a row per thread block cluster of 8 or 16
+// kF32ClusterMaxWidth16 bfloat16 or float16) columns, a row per thread block cluster of 8 to 16
 // blocks, each block holding a contiguous slice of the row in registers as float32 ordered keys
 // (topk_f32_rows.cu's kernel spread over a cluster of SMs: one SM alone is slow to read and scan a
 // 128 KB row). 16-bit values are read at two bytes and widened exactly (kernels/widen_exact.cuh),
@@ -617,12 +617,12 @@ cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, int shared_bytes, cuda
                              attribute);
 }
 
-// What the host plans a launch by, for one device: its SMs, and how many clusters of 8 and of 16
-// blocks it holds at once (0: it cannot launch that size), with the kernels' attributes set.
+// What the host plans a launch by, for one device: its SMs, and how many clusters of each size
+// it holds at once, resident[parts] for 2 to kMaxParts blocks (0: it cannot launch that size),
+// with the kernels' attributes set.
 struct DevicePlan {
   int sms = 0;
-  int resident_portable = 0;
-  int resident_most = 0;
+  int resident[kMaxParts + 1] = {};
 };
 
 DevicePlan ComputePlan(int device) {
@@ -670,8 +670,9 @@ DevicePlan ComputePlan(int device) {
     cudaGetLastError();
     return fewest;
   };
-  plan.resident_portable = resident(kPortableParts);
-  plan.resident_most = non_portable ? resident(kMaxParts) : 0;
+  for (int parts = 2; parts <= kMaxParts; ++parts) {
+    plan.resident[parts] = parts <= kPortableParts || non_portable ? resident(parts) : 0;
+  }
   return plan;
 }
 
@@ -698,27 +699,32 @@ const char* Mode(const char* name) {
   return nullptr;
 }
 
-// The blocks a row: 16 where every row's cluster is resident at once, else 8 (rows that 8 blocks
-// hold: 131072 float32 or 98304 16-bit columns); JAX_TOPK_F32_CLUSTER_PARTS=8 or 16 forces a size
-// (benchmarks, tests). 0: none that launches here. `waves`: how many times over the device's
-// resident clusters the rows' clusters run (1: all at once).
+// The blocks a row: the most, from 16 down to 8, whose clusters for every row are resident at
+// once and hold the row (on the H200 fewer than 8 clusters of 10 to 16 blocks are, but 8 rows of
+// 9 blocks: benches/NOTES.md "16-bit rows on the cluster kernel"); where none is, 16 for rows
+// that 8 blocks cannot hold, else 8.
+// JAX_TOPK_F32_CLUSTER_PARTS=2 to 16 forces a size (benchmarks, tests). 0: none that launches
+// here (or holds the row). `waves`: how many times over the device's resident clusters the
+// rows' clusters run (1: all at once).
 int PartsFor(const TopkProblem& problem, const DevicePlan& plan, int64_t& waves) {
-  const bool fits_portable = problem.width <= MaxWidthFor(problem.score_type, kPortableParts);
-  const bool can_most = plan.resident_most > 0;
-  const bool can_portable = plan.resident_portable > 0 && fits_portable;
+  const auto holds = [&](int parts) {
+    return plan.resident[parts] > 0 && problem.width <= MaxWidthFor(problem.score_type, parts);
+  };
   const char* forced = std::getenv("JAX_TOPK_F32_CLUSTER_PARTS");
   int parts = 0;
-  if (forced != nullptr && std::strcmp(forced, "8") == 0) {
-    parts = can_portable ? kPortableParts : 0;
-  } else if (forced != nullptr && std::strcmp(forced, "16") == 0) {
-    parts = can_most ? kMaxParts : 0;
-  } else if (can_most && (problem.rows <= plan.resident_most || !can_portable)) {
-    parts = kMaxParts;
-  } else if (can_portable) {
-    parts = kPortableParts;
+  if (forced != nullptr) {
+    const int asked = std::atoi(forced);
+    parts = asked >= 2 && asked <= kMaxParts && holds(asked) ? asked : 0;
+  } else {
+    for (int most = kMaxParts; most >= kPortableParts && parts == 0; --most) {
+      if (holds(most) && plan.resident[most] >= problem.rows) parts = most;
+    }
+    if (parts == 0) {
+      parts = holds(kPortableParts) ? kPortableParts : (holds(kMaxParts) ? kMaxParts : 0);
+    }
   }
-  const int resident = parts == kMaxParts ? plan.resident_most : plan.resident_portable;
-  waves = parts > 0 && resident > 0 ? (problem.rows + resident - 1) / resident : 0;
+  const int resident = parts > 0 ? plan.resident[parts] : 0;
+  waves = resident > 0 ? (problem.rows + resident - 1) / resident : 0;
   return parts;
 }
 
@@ -779,13 +785,15 @@ bool TopkF32ClusterServes(const TopkProblem& problem) {
     return waves == 1 || (waves == 2 && ElemsPerThread(problem, parts, slice) <= 16);
   }
   if (Mode("JAX_TOPK_F32_ROWS") != nullptr) return false;
-  // Measured on the H200 (benches/NOTES.md "topk_f32_cluster"): faster only with 16 blocks a row
-  // for every row at once and at most 24 keys a thread (1 x 16384 to 1 x 152064, 4 x 32768);
-  // 8 blocks a row (8 x 131072), 32 keys a thread (1 x 262144), rows of at most 8192 columns
-  // (topk_f32_rows') and the block radix sort of more than 256 winners lose.
+  // Measured on the H200 (benches/NOTES.md "topk_f32_cluster", "16-bit rows on the cluster
+  // kernel"): faster with every row's cluster at once and at most 24 keys a thread (16 blocks:
+  // 1 x 16384 to 1 x 152064, 4 x 32768; 8 blocks: 12 x 65536, 10.0 against 13.7 us); a second
+  // wave, 32 keys a thread (1 x 262144; 8 x 131072 on 9 blocks, 13.4 against 14.6 us, too close
+  // to take), rows of at most 8192 columns (topk_f32_rows') and the block radix sort of more than
+  // 256 winners lose.
   if (problem.sorted && problem.k > kMaxRankedByCount) return false;
-  return parts == kMaxParts && waves == 1 &&
-         problem.width <= int64_t{kMaxParts} * kThreads * kMostServedElems;
+  int64_t slice = 0;
+  return waves == 1 && ElemsPerThread(problem, parts, slice) <= kMostServedElems;
 }
 
 cudaError_t LaunchTopkF32Cluster(const TopkProblem& problem, cudaStream_t stream) {
