@@ -85,10 +85,11 @@ def gather_values(scores, columns):
 
 
 def columns_gathered(scores):
-    """The rows with their columns on every device they span: under Explicit sharding
-    `lax.top_k` and `lax.sort` refuse an axis sharded along the one they rank, so columns
-    sharded there are gathered first (what XLA does by itself under Auto sharding, where
-    the type carries no sharding and this changes nothing). Row sharding is kept."""
+    """The rows (scores or merge_topk's candidates) with their columns on every device they
+    span: under Explicit sharding `lax.top_k` and `lax.sort` refuse an axis sharded along
+    the one they rank, so columns sharded there are gathered first (what XLA does by itself
+    under Auto sharding, where the type carries no sharding and this changes nothing). Row
+    sharding is kept."""
     sharding = jax.typeof(scores).sharding
     spec = getattr(sharding, "spec", None)
     if spec is None or len(spec) < scores.ndim or spec[scores.ndim - 1] is None:
@@ -212,6 +213,7 @@ def merge(values, indices, *, k: int, sorted: bool):
     ascending) as `select`; entries equal in all three are the same (value, column), so
     which of them is taken cannot show. `sorted=False` orders the k winners by (column
     ascending, key descending). Returns (values [rows, k], indices [rows, k])."""
+    values, indices = columns_gathered(values), columns_gathered(indices)
     rows, m = values.shape
     keys, is_nan = ordered_keys(values)
     candidate = (indices >= 0) & ~is_nan

@@ -165,11 +165,11 @@ def check_row_sharded_merge(rng):
 
 
 def check_k_past_2048(shape, names, spec, axis_type, rng):
-    """top_k past the kernels' k = 2048 on column-sharded rows: rounds (k = 2049) and the
-    one-sort path (k = 6000, and integer rows at any k), values bit for bit (the sort path's
-    gather of the values must not add the shards' float results: -0 and subnormals would
-    change). Under Explicit sharding the sort path gathers the columns first (lax.top_k and
-    lax.sort refuse a sharded ranking axis there)."""
+    """top_k and merge_topk past the kernels' k = 2048 on column-sharded rows: rounds
+    (k = 2049) and the one-sort path (k = 6000, and integer rows at any k), values bit for
+    bit (the sort path's gather of the values must not add the shards' float results: -0
+    and subnormals would change). Under Explicit sharding the sort path gathers the columns
+    first (lax.top_k and lax.sort refuse a sharded ranking axis there)."""
     mesh = jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
     integers = rng.integers(-3, 4, size=(4, 8192)).astype(np.int32)
     cases = [
@@ -183,7 +183,13 @@ def check_k_past_2048(shape, names, spec, axis_type, rng):
         want = fn(operand)
         for g, w in zip(got, want):
             assert_same_bits(g, w, f"top_k {operand.dtype} k={k}")
-    return len(cases)
+        # merge_topk's exact path (the same sort) over candidates sharded the same way.
+        columns = np.broadcast_to(np.arange(operand.shape[1], dtype=np.int32), operand.shape)
+        merge = jax.jit(lambda v, i, k=k: jax_topk.merge_topk(v, i, k))
+        sharded = jax.device_put((operand, columns), NamedSharding(mesh, spec))
+        for g, w in zip(merge(*sharded), merge(operand, columns)):
+            assert_same_bits(g, w, f"merge_topk {operand.dtype} k={k}")
+    return 2 * len(cases)
 
 
 def main():
