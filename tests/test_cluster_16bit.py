@@ -4,8 +4,8 @@ handler bit for bit: every value family of each dtype (its own subnormals, signe
 ties) at widths around its slice sizes (8 to 24 keys a thread) and both cluster sizes, unaligned
 rows, ties across its blocks, rows that fool a sample, page tables, num_valid_rows, sorted output
 and top_k's 16-bit values; and the same bits as the filtered kernel that served these rows before.
-Every test here forces it on (JAX_TOPK_F32_CLUSTER=always, read at each launch); widths past its
-16-bit limit fall back to the filtered kernel under the same switch."""
+Every test here forces it on (JAX_TOPK_F32_CLUSTER=only, read at each launch: a call it cannot
+take fails); widths past its 16-bit limit go to the filtered kernel ("always")."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.test_f32_cluster import (
     check_families,
     cross_block_ties,
     few_ties_at_the_kth,
+    force_parts,
     small_k_rows,
 )
 from tests.test_f32_rows import check_page_table_and_num_valid_rows, crowded_rows, same_on_both
@@ -39,21 +40,22 @@ WIDTHS_EIGHT = [3, 16389, 32768, 65536, 98304, 98312]
 
 
 @pytest.fixture(autouse=True)
-def cluster_kernel_always(monkeypatch):
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "always")
+def cluster_kernel_only(monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "only")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", WIDTHS)
 @pytest.mark.parametrize("k", [1, 2048])
-def test_families(n, k, dtype):
+def test_families(n, k, dtype, monkeypatch):
+    force_parts(monkeypatch, 16, n, dtype)
     check_families(n, k, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", WIDTHS_EIGHT)
 def test_families_eight_blocks(n, dtype, monkeypatch):
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", "8")
+    force_parts(monkeypatch, 8, n, dtype)
     check_families(n, 2047, dtype)
 
 
@@ -63,7 +65,7 @@ def test_families_eight_blocks(n, dtype, monkeypatch):
 def test_sample_foolers_and_ties_across_blocks(n, parts, dtype, monkeypatch):
     """float32 adversarial rows rounded to 16 bits: their ties only grow (many values collapse
     onto one 16-bit value), across the blocks' slices."""
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", parts)
+    force_parts(monkeypatch, parts, n, dtype)
     rng = np.random.default_rng(n)
     for make in (sample_foolers, one_coarse_bin, crowded_rows, cross_block_ties):
         scores = make(rng, 12, n).astype(dtype)
@@ -111,7 +113,7 @@ def test_same_bits_as_the_filtered_kernel(rows, dtype, monkeypatch):
         mine = same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
         monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "off")
         theirs = run_op("topk_filtered", "gpu", scores, lengths, k=k, sorted=sorted_)
-        monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "always")
+        monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "only")
         np.testing.assert_array_equal(mine, theirs)
 
 

@@ -3,7 +3,8 @@
 take for few rows) against the CPU handler bit for bit: every value family at widths around its
 slice sizes and both cluster sizes, ties that cross its blocks, rows that fool a sample, page
 tables, num_valid_rows, sorted output (ranked by count and by the block sort) and values. Every
-test here forces it on (JAX_TOPK_F32_CLUSTER=always, read at each launch)."""
+test here forces it on (JAX_TOPK_F32_CLUSTER=only, read at each launch: a call it cannot take
+fails)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support import families
-from tests.support.operators import gpu_devices
+from tests.support.operators import gpu_devices, run_op
 from tests.test_f32_rows import (
     check_against_the_kernel_off,
     check_page_table_and_num_valid_rows,
@@ -28,8 +29,18 @@ pytestmark = [
 
 
 @pytest.fixture(autouse=True)
-def cluster_kernel_always(monkeypatch):
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "always")
+def cluster_kernel_only(monkeypatch):
+    """Every call here must take the cluster kernel ("only": one it cannot take fails, so no
+    test passes on another kernel's bits); force_parts relaxes that for rows too wide."""
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "only")
+
+
+def force_parts(monkeypatch, parts, n, dtype="float32"):
+    """Forces the cluster size: a row that size holds must take the cluster kernel, a wider
+    one goes to the filtered kernel ("always")."""
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", str(parts))
+    widest = int(parts) * 512 * (32 if dtype == "float32" else 24)
+    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "only" if n <= widest else "always")
 
 
 # With 16 blocks a row: slices of 4, 8, 16, 24 and 32 columns a thread, at and past each
@@ -68,7 +79,7 @@ def test_families(n, k):
 @pytest.mark.parametrize("n", WIDTHS_EIGHT)
 @pytest.mark.parametrize("k", [1, 2048])
 def test_families_eight_blocks(n, k, monkeypatch):
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", "8")
+    force_parts(monkeypatch, 8, n)
     check_families(n, k)
 
 
@@ -77,7 +88,7 @@ def test_families_eight_blocks(n, k, monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("parts", [3, 5, 12, 13])
 def test_families_any_cluster_size(parts, dtype, monkeypatch):
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", str(parts))
+    force_parts(monkeypatch, parts, 0, dtype)
     widest = parts * 512 * (32 if dtype == "float32" else 24)
     for n in (4099, widest):
         check_families(n, 2048 if parts > 3 else 777, dtype, rows=4)
@@ -86,7 +97,7 @@ def test_families_any_cluster_size(parts, dtype, monkeypatch):
 @pytest.mark.parametrize("n", [4097, 32768, 152064])
 @pytest.mark.parametrize("parts", ["8", "16"])
 def test_sample_foolers_and_ties_across_blocks(n, parts, monkeypatch):
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", parts)
+    force_parts(monkeypatch, parts, n)
     rng = np.random.default_rng(n)
     for make in (sample_foolers, one_coarse_bin, crowded_rows, cross_block_ties):
         scores = make(rng, 12, n)
@@ -166,6 +177,15 @@ def test_small_k_on_long_slices(n, k):
         for sorted_ in (False, True):
             same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
         same_on_both("topk_filtered", scores, np.full(rows, n, np.int32), k=k, sorted=False)
+
+
+@pytest.mark.parametrize("dtype, n", [("float32", 262148), ("bfloat16", 196616)])
+def test_only_fails_a_call_it_cannot_take(dtype, n):
+    """The switch the tests rely on: a row wider than the kernel holds is refused, not served
+    by another kernel."""
+    scores = np.zeros((2, n), dtype)
+    with pytest.raises(Exception, match="launch failed"):
+        run_op("topk_filtered", "gpu", scores, np.full(2, n, np.int32), k=8)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 8, 9, 17, 133])

@@ -8,6 +8,8 @@ the filtered kernel's own short-row routes covered on float32."""
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -83,8 +85,10 @@ def test_sample_foolers_and_crowded_cutoffs(n):
 
 
 def check_against_the_kernel_off(switch, rows, n, monkeypatch):
-    """The kernel that `switch` (an environment variable, set to "always") forces on gives the
-    CPU handler's bits and the same bits as the kernels serving the call with it "off"."""
+    """The kernel that `switch` (an environment variable, set to "always" or "only") forces on
+    gives the CPU handler's bits and the same bits as the kernels serving the call with it
+    "off"."""
+    forced = os.environ[switch]
     rng = np.random.default_rng(rows)
     scores = rng.standard_normal((rows, n)).astype(np.float32)
     lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
@@ -92,7 +96,7 @@ def check_against_the_kernel_off(switch, rows, n, monkeypatch):
         mine = same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
         monkeypatch.setenv(switch, "off")
         theirs = run_op("topk_filtered", "gpu", scores, lengths, k=k, sorted=sorted_)
-        monkeypatch.setenv(switch, "always")
+        monkeypatch.setenv(switch, forced)
         np.testing.assert_array_equal(mine, theirs)
 
 

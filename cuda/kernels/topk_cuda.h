@@ -40,10 +40,13 @@ cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 // 8's 131072 / 98304 columns), each block a slice of the row in its registers as float32 keys;
 // needs sm_90. LaunchTopkFiltered hands it the calls TopkF32ClusterServes (few rows: every row's
 // cluster on its own SMs at once); JAX_TOPK_F32_CLUSTER=off or =always overrides that at each
-// launch, JAX_TOPK_F32_CLUSTER_PARTS=2 to 16 the cluster size (benchmarks, tests).
+// launch, JAX_TOPK_F32_CLUSTER_PARTS=2 to 16 the cluster size (benchmarks, tests). =only is
+// =always, and a call it cannot take fails (TopkF32ClusterRequired): a test that forces it then
+// cannot pass on another kernel's bits.
 constexpr int64_t kF32ClusterMaxWidth = 262144;
 constexpr int64_t kF32ClusterMaxWidth16 = 196608;
 bool TopkF32ClusterServes(const TopkProblem& problem);
+bool TopkF32ClusterRequired();
 cudaError_t LaunchTopkF32Cluster(const TopkProblem& problem, cudaStream_t stream);
 
 }  // namespace jax_topk

@@ -691,11 +691,12 @@ DevicePlan PlanFor(int device) {
   return plans[device];
 }
 
-// "off", "always" or unset (nullptr) from the environment, read at each launch.
+// "off", "always", "only" or unset (nullptr) from the environment, read at each launch.
 const char* Mode(const char* name) {
   const char* mode = std::getenv(name);
   if (mode != nullptr && std::strcmp(mode, "off") == 0) return "off";
   if (mode != nullptr && std::strcmp(mode, "always") == 0) return "always";
+  if (mode != nullptr && std::strcmp(mode, "only") == 0) return "only";
   return nullptr;
 }
 
@@ -757,12 +758,17 @@ void Launch(const TopkProblem& problem, int parts, cudaStream_t stream) {
 
 }  // namespace
 
+bool TopkF32ClusterRequired() {
+  const char* mode = Mode("JAX_TOPK_F32_CLUSTER");
+  return mode != nullptr && std::strcmp(mode, "only") == 0;
+}
+
 bool TopkF32ClusterServes(const TopkProblem& problem) {
   if (problem.width > MaxWidthFor(problem.score_type, kMaxParts) || problem.rows < 1) {
     return false;
   }
-  // Benchmarks and tests: "off" or "always" (every call it can take), read at each launch. A
-  // choice made for topk_f32_rows (JAX_TOPK_F32_ROWS) is left to it.
+  // Benchmarks and tests: "off", or "always" / "only" (every call it can take), read at each
+  // launch. A choice made for topk_f32_rows (JAX_TOPK_F32_ROWS) is left to it.
   const char* mode = Mode("JAX_TOPK_F32_CLUSTER");
   if (mode != nullptr && std::strcmp(mode, "off") == 0) return false;
   int device = 0;

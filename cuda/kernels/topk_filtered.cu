@@ -32,16 +32,15 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
       workspace == nullptr || workspace_bytes < kFilteredMinWorkspaceBytes) {
     return cudaErrorInvalidValue;
   }
+  if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
+  if (TopkF32ClusterRequired()) return cudaErrorNotSupported;  // tests: it alone, or an error
   switch (problem.score_type) {
     case ScoreType::kFloat32:
-      if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
       if (TopkF32RowsServes(problem)) return LaunchTopkF32Rows(problem, stream);
       return LaunchFilteredFloat32Rows(problem, workspace, workspace_bytes, stream);
     case ScoreType::kBfloat16:
-      if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
       return LaunchFilteredBfloat16Rows(problem, workspace, workspace_bytes, stream);
     case ScoreType::kFloat16:
-      if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
       return LaunchFilteredFloat16Rows(problem, workspace, workspace_bytes, stream);
   }
   return cudaErrorInvalidValue;
