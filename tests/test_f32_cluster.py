@@ -35,12 +35,18 @@ def cluster_kernel_only(monkeypatch):
     monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "only")
 
 
+def widest_row(parts, dtype="float32"):
+    """The widest row `parts` blocks hold: 32 float32 or 24 16-bit keys a thread of 512."""
+    return int(parts) * 512 * (32 if dtype == "float32" else 24)
+
+
 def force_parts(monkeypatch, parts, n, dtype="float32"):
     """Forces the cluster size: a row that size holds must take the cluster kernel, a wider
     one goes to the filtered kernel ("always")."""
     monkeypatch.setenv("JAX_TOPK_F32_CLUSTER_PARTS", str(parts))
-    widest = int(parts) * 512 * (32 if dtype == "float32" else 24)
-    monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "only" if n <= widest else "always")
+    monkeypatch.setenv(
+        "JAX_TOPK_F32_CLUSTER", "only" if n <= widest_row(parts, dtype) else "always"
+    )
 
 
 # With 16 blocks a row: slices of 4, 8, 16, 24 and 32 columns a thread, at and past each
@@ -88,8 +94,8 @@ def test_families_eight_blocks(n, k, monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("parts", [3, 5, 12, 13])
 def test_families_any_cluster_size(parts, dtype, monkeypatch):
-    force_parts(monkeypatch, parts, 0, dtype)
-    widest = parts * 512 * (32 if dtype == "float32" else 24)
+    widest = widest_row(parts, dtype)
+    force_parts(monkeypatch, parts, widest, dtype)
     for n in (4099, widest):
         check_families(n, 2048 if parts > 3 else 777, dtype, rows=4)
 

@@ -729,19 +729,21 @@ int PartsFor(const TopkProblem& problem, const DevicePlan& plan, int64_t& waves)
   return parts;
 }
 
-// The keys a thread of `parts` blocks a row hold: a block's slice (whole 16-byte chunks of the
-// row's type, 4 or 8 columns) over its threads.
-int ElemsPerThread(const TopkProblem& problem, int parts, int64_t& slice) {
+// A block's slice of a row over `parts` blocks: whole 16-byte chunks of the row's type (4 or 8
+// columns); and the keys a thread that covers.
+int64_t SliceColumns(const TopkProblem& problem, int parts) {
   const int64_t chunk = problem.score_type == ScoreType::kFloat32 ? 4 : 8;
-  slice = (problem.width + chunk * parts - 1) / (chunk * parts) * chunk;
-  return static_cast<int>((slice + kThreads - 1) / kThreads);
+  return (problem.width + chunk * parts - 1) / (chunk * parts) * chunk;
+}
+int ElemsPerThread(const TopkProblem& problem, int parts) {
+  return static_cast<int>((SliceColumns(problem, parts) + kThreads - 1) / kThreads);
 }
 
 // The launch of the fewest keys a thread that cover a slice (the caller checked the width).
 void Launch(const TopkProblem& problem, int parts, cudaStream_t stream) {
   const Instances instances = InstancesFor(problem.score_type);
-  int64_t slice = 0;
-  const int elems = ElemsPerThread(problem, parts, slice);
+  const int64_t slice = SliceColumns(problem, parts);
+  const int elems = ElemsPerThread(problem, parts);
   int chosen = 0;
   while (chosen + 1 < kMaxInstances && instances.elems[chosen] < elems &&
          instances.kernels[0][chosen + 1] != nullptr) {
@@ -787,8 +789,7 @@ bool TopkF32ClusterServes(const TopkProblem& problem) {
     // kernel takes 13-25 us on 1 to 16 16-bit rows of 16384 to 196608 columns, this kernel 7.5 to
     // 10.4 us a wave, sorted k = 2048 included; a second wave still wins at 16 keys a thread
     // (8 x 131072: 18.9 against 24.3 us) and loses at 24 (8 x 152064: 20.1 against 18.6).
-    int64_t slice = 0;
-    return waves == 1 || (waves == 2 && ElemsPerThread(problem, parts, slice) <= 16);
+    return waves == 1 || (waves == 2 && ElemsPerThread(problem, parts) <= 16);
   }
   if (Mode("JAX_TOPK_F32_ROWS") != nullptr) return false;
   // Measured on the H200 (benches/NOTES.md "topk_f32_cluster", "16-bit rows on the cluster
@@ -798,8 +799,7 @@ bool TopkF32ClusterServes(const TopkProblem& problem) {
   // to take), rows of at most 8192 columns (topk_f32_rows') and the block radix sort of more than
   // 256 winners lose.
   if (problem.sorted && problem.k > kMaxRankedByCount) return false;
-  int64_t slice = 0;
-  return waves == 1 && ElemsPerThread(problem, parts, slice) <= kMostServedElems;
+  return waves == 1 && ElemsPerThread(problem, parts) <= kMostServedElems;
 }
 
 cudaError_t LaunchTopkF32Cluster(const TopkProblem& problem, cudaStream_t stream) {

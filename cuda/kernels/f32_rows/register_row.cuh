@@ -47,9 +47,22 @@ struct RowKeys {
 
 // The score types a row may hold: what one element is stored as, how many one 16-byte load
 // brings, its exact widening to float32 bits, and the values output's element (a winner's
-// widened bits narrowed back; -inf in an empty slot).
+// widened bits narrowed back; -inf in an empty slot). This template serves the two 16-bit types.
 template <ScoreType kType>
-struct RegisterScores;
+struct RegisterScores {
+  static_assert(kType == ScoreType::kBfloat16 || kType == ScoreType::kFloat16, "16-bit types");
+  static constexpr bool kBf16 = kType == ScoreType::kBfloat16;
+  using Storage = unsigned short;
+  using Value = unsigned short;
+  static constexpr int kChunkElems = 8;
+  static constexpr Value kEmptyValue = kBf16 ? kNegInfBf16Bits : kNegInfF16Bits;
+  __device__ __forceinline__ static uint32_t Widen(Storage bits) {
+    return kBf16 ? WidenBf16Bits(bits) : WidenF16Bits(bits);
+  }
+  __device__ __forceinline__ static Value Narrow(uint32_t widened) {
+    return kBf16 ? NarrowToBf16Bits(widened) : NarrowToF16Bits(widened);
+  }
+};
 template <>
 struct RegisterScores<ScoreType::kFloat32> {
   using Storage = float;
@@ -58,28 +71,6 @@ struct RegisterScores<ScoreType::kFloat32> {
   static constexpr Value kEmptyValue = kNegInfF32Bits;
   __device__ __forceinline__ static uint32_t Widen(float value) { return __float_as_uint(value); }
   __device__ __forceinline__ static Value Narrow(uint32_t widened) { return widened; }
-};
-template <>
-struct RegisterScores<ScoreType::kBfloat16> {
-  using Storage = unsigned short;
-  using Value = unsigned short;
-  static constexpr int kChunkElems = 8;
-  static constexpr Value kEmptyValue = kNegInfBf16Bits;
-  __device__ __forceinline__ static uint32_t Widen(Storage bits) { return WidenBf16Bits(bits); }
-  __device__ __forceinline__ static Value Narrow(uint32_t widened) {
-    return NarrowToBf16Bits(widened);
-  }
-};
-template <>
-struct RegisterScores<ScoreType::kFloat16> {
-  using Storage = unsigned short;
-  using Value = unsigned short;
-  static constexpr int kChunkElems = 8;
-  static constexpr Value kEmptyValue = kNegInfF16Bits;
-  __device__ __forceinline__ static uint32_t Widen(Storage bits) { return WidenF16Bits(bits); }
-  __device__ __forceinline__ static Value Narrow(uint32_t widened) {
-    return NarrowToF16Bits(widened);
-  }
 };
 using Float32Scores = RegisterScores<ScoreType::kFloat32>;
 
