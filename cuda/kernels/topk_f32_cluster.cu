@@ -386,7 +386,9 @@ __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys
 // Where this block's winners start and what it takes: the k-th key of the row and the ties left
 // to this block, found over the cluster. Every thread of every block of the cluster calls it,
 // after arriving at the cluster barrier that follows ArmReceivers; two pushes a digit. Returns
-// the row's real keys in `valid`.
+// the row's real keys in `valid`. Compiled for sm_90 on only (cooperative_groups has no
+// cluster_group below it; the kernel's body is empty there and the host never launches it).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <int kElems>
 __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
                                                   const cg::cluster_group& cluster,
@@ -464,6 +466,7 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
   }
   return {0, 0};  // not reached
 }
+#endif
 
 template <ScoreType kType, int kElems, bool kSorted>
 __global__ void __launch_bounds__(kThreads, 1)
