@@ -143,6 +143,45 @@ def test_ties_gathered_as_candidates(n, ties):
     same_on_both("topk_filtered", scores, lengths, k=k - 4, sorted=False)
 
 
+def one_super_bin_at_the_kth(rng, rows, n, k, held):
+    """The k-th key inside one super-bin of the second digit (keys sharing their top 17 bits)
+    that holds `held` keys: 60 keys of the same first-digit bin lie above it (so the first digit
+    gathers nothing), k - 60 - rank keys far above, everything else far below. Row r puts the
+    k-th at rank 1, the middle, the last of the super-bin, and (row 3) repeats the k-th key three
+    times across the row; the super-bin's keys are spread over every block's slice in a random
+    order. At most 32 keys there are gathered without the bin exchange, 33 or more take it."""
+    base = np.uint32(0x3FC00000)  # 1.5: its first-digit bin is [1.5, 1.75)
+    out = np.full((rows, n), -5.0, np.float32)
+    for r in range(rows):
+        rank = [1, held // 2 + 1, held, max(1, held - 2)][r % 4]
+        above_in_bin = (base + (np.arange(1, 61, dtype=np.uint32) << 15)).view(np.float32)
+        far_above = 10.0 + np.arange(k - 60 - rank, dtype=np.float32) * 1e-3
+        held_keys = (base + np.arange(held, dtype=np.uint32)[::-1] * 256).view(np.float32)
+        if r % 4 == 3:  # the k-th key (rank held - 2 from the top) three times
+            held_keys = np.concatenate([held_keys, np.repeat(held_keys[rank - 1], 2)])
+        held_columns = np.linspace(0, n - 1, len(held_keys)).astype(np.int64)
+        rest = np.setdiff1d(np.arange(n), held_columns)
+        others = rng.choice(rest, size=len(above_in_bin) + len(far_above), replace=False)
+        out[r, rng.permutation(held_columns)] = held_keys
+        out[r, others] = np.concatenate([above_in_bin, far_above])
+    return out
+
+
+@pytest.mark.parametrize("n", [32768, 131072])
+@pytest.mark.parametrize("held", [1, 2, 30, 31, 32, 33, 40])
+def test_kth_in_a_narrow_super_bin(n, held):
+    """The second digit's super-bin gathered without its bin exchange (<= 32 keys) and its edge:
+    every place of the k-th key in it, a tie of it across blocks, sorted and unsorted, k and
+    k - 3 (the rank moves inside the super-bin)."""
+    rng = np.random.default_rng(n + held)
+    k = 2048
+    scores = one_super_bin_at_the_kth(rng, 4, n, k, held)
+    lengths = np.full(4, n, np.int32)
+    for sorted_ in (False, True):
+        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+    same_on_both("topk_filtered", scores, lengths, k=k - 3, sorted=False)
+
+
 def small_k_rows(rng, rows, n, k):
     """Rows for small k on long slices (a few keys matching each digit, gathered as candidates;
     most threads with no winner): row 0 puts k + 3 large values in the middle block alone; row 1

@@ -15,7 +15,9 @@
 //     the bin (the same sums in every block: no broadcast). The same pushes count the keys above
 //     the bin, and in it, in the blocks before this one. Once a digit leaves at most 32 keys in
 //     the bin (most rows after two digits), every block pushes those keys with their columns to
-//     every block instead, and warp 0 ranks them there: the full pivot in one exchange.
+//     every block instead, and warp 0 ranks them there: the full pivot in one exchange. A second
+//     digit whose chosen super-bin already holds at most 32 keys gathers them without its bin
+//     exchange (most rows of <= 32768 columns at k = 2048, and rows' far tails at small k).
 //  3. Winners: the blocks own ascending column ranges, so block b's winners follow the greater
 //     keys and the taken ties of the blocks before it; a block scan places the rest (ties to the
 //     lowest columns). Unsorted: stored from the registers. Sorted: pushed into block 0's shared
@@ -72,6 +74,8 @@ struct DigitFound {
   uint32_t in_bin;         // the cluster's matching keys in the bin
   uint32_t valid;          // the first digit: the row's real keys
   uint32_t valid_before;   // of which in the blocks before this one
+  uint32_t in_super;         // the first exchange: the cluster's matching keys in the super-bin
+  uint32_t in_super_before;  // of which in the blocks before this one
 };
 
 // Phase stamps for the standalone probe (benches/probes/f32_cluster_stamps.cu defines
@@ -271,10 +275,14 @@ __device__ __forceinline__ void ChooseSuperBin(ClusterShared& s, int digit, int 
   const uint32_t above_before = __reduce_add_sync(
       full, lane < holder ? high_before + low_before
                           : (lane == holder && !in_high ? high_before : 0u));
+  const uint32_t in_super = __shfl_sync(full, in_high ? high_count : low_count, holder);
+  const uint32_t in_super_before = __shfl_sync(full, in_high ? high_before : low_before, holder);
   if (lane == 0) {
     s.found.super = static_cast<uint32_t>(kSuperBins - 1 - 2 * holder - (in_high ? 0 : 1));
     s.found.above = above;
     s.found.above_before = above_before;
+    s.found.in_super = in_super;
+    s.found.in_super_before = in_super_before;
   }
 }
 
@@ -318,8 +326,9 @@ __device__ __forceinline__ void ChooseBin(ClusterShared& s, int digit, int parts
   }
 }
 
-// After a digit left at most kMaxCandidates keys in the chosen bin (s.found.in_bin, the same in
-// every block): every block pushes its keys that match `prefix` under `prefix_mask`, with their
+// After a digit left at most kMaxCandidates keys in the chosen bin or super-bin (`total` over the
+// cluster, the same in every block; `first` in the blocks before this one): every block pushes
+// its keys that match `prefix` under `prefix_mask`, with their
 // columns, into every block's candidates; warp 0 of each block ranks them (value descending,
 // column ascending: the order the winners are taken in) and finds the rank-th, the full pivot.
 // Every thread calls it, after reading s.found; it returns what the last digit would have found,
@@ -328,9 +337,8 @@ __device__ __forceinline__ void ChooseBin(ClusterShared& s, int digit, int parts
 template <int kElems>
 __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys<kElems>& row,
                                                  int parts, int block_begin, uint32_t prefix,
-                                                 uint32_t prefix_mask, uint32_t rank) {
-  const uint32_t total = s.found.in_bin;
-  const uint32_t first = s.found.in_bin_before;  // this block's keys go after the earlier blocks'
+                                                 uint32_t prefix_mask, uint32_t rank,
+                                                 uint32_t total, uint32_t first) {
   if (threadIdx.x == 0) MbarrierExpectBytes(&s.candidates_arrived, total * 8);
   const auto push = [&](int i, uint32_t key) {
     const uint32_t slot = first + atomicAdd(&s.candidates_taken, 1u);
@@ -435,19 +443,34 @@ __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
         return {0, 0};
       }
     }
-    PushChosenBins(s, digit, parts, part, s.found.super);
-    if (threadIdx.x < 32) ChooseBin(s, digit, parts, part, rank);
-    __syncthreads();
+    // A chosen super-bin of at most kMaxCandidates keys (a later digit's, on most rows: the
+    // earlier digits left a narrow range) is gathered at once: its keys share the digit's top
+    // bits, so the super-bin is a prefix like a bin's, and the bin exchange is skipped. The count
+    // is the cluster's sum, the same in every block, so every block takes the same branch.
+    const bool gather_super = digit < kDigits - 1 && s.found.in_super <= kMaxCandidates;
+    if (!gather_super) {
+      PushChosenBins(s, digit, parts, part, s.found.super);
+      if (threadIdx.x < 32) ChooseBin(s, digit, parts, part, rank);
+      __syncthreads();
+    }
     Stamp(4 + 3 * digit);
     const DigitFound found = s.found;
     rank -= found.above;
     greater_before += found.above_before;
-    prefix |= found.bin << shift;
-    prefix_mask |= mask << shift;
+    if (gather_super) {
+      constexpr uint32_t kSuperMask = ~static_cast<uint32_t>(kBinsPerSuper - 1);
+      prefix |= (found.super * kBinsPerSuper) << shift;
+      prefix_mask |= (mask & kSuperMask) << shift;
+    } else {
+      prefix |= found.bin << shift;
+      prefix_mask |= mask << shift;
+    }
     uint32_t pivot = prefix;
     uint32_t equal_before = found.in_bin_before;
-    if (digit < kDigits - 1 && found.in_bin <= kMaxCandidates) {
-      GatherCandidates(s, row, parts, block_begin, prefix, prefix_mask, rank);
+    if (gather_super || (digit < kDigits - 1 && found.in_bin <= kMaxCandidates)) {
+      GatherCandidates(s, row, parts, block_begin, prefix, prefix_mask, rank,
+                       gather_super ? found.in_super : found.in_bin,
+                       gather_super ? found.in_super_before : found.in_bin_before);
       __syncthreads();
       Stamp(14 + digit);
       const DigitFound gathered = s.gathered;
