@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benches import indexer, merge, report
+from benches import scores as scores_of
 from jax_topk import top_k, topk_bf16, topk_filtered
 from tests.support.families import FAMILIES, make
 
@@ -422,7 +423,7 @@ def make_inputs(shape: Shape, sets: int, seed: int):
     key = jax.random.key(seed)
     out = []
     for i in range(sets):
-        scores = jax.random.normal(jax.random.fold_in(key, i), (shape.rows, shape.n), shape.dtype)
+        scores = scores_of.normal(jax.random.fold_in(key, i), (shape.rows, shape.n), shape.dtype)
         extra = {}
         if shape.page_size > 1:
             pages = -(-shape.n // shape.page_size)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benches import scores as scores_of
 from jax_topk import merge_topk
 
 OP = "merge_topk"
@@ -36,7 +37,7 @@ def make_inputs(shape, sets: int, seed: int) -> list[tuple]:
     out = []
     for i in range(sets):
         values_key, columns_key = jax.random.split(jax.random.fold_in(base, i))
-        values = jax.random.normal(values_key, (shape.rows, shape.n), shape.dtype)
+        values = scores_of.normal(values_key, (shape.rows, shape.n), shape.dtype)
         # Distinct ascending columns: the j-th of a list in [j, j + 1) * SHARD_COLUMNS / k.
         stride = SHARD_COLUMNS // shape.k
         jitter = jax.random.randint(columns_key, (shape.rows, lists(shape), shape.k), 0, stride)

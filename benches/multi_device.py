@@ -42,6 +42,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from benches import report  # noqa: E402
+from benches import scores as scores_of  # noqa: E402
 from benches.bench import (  # noqa: E402
     _same_bits,
     _this_run,
@@ -263,7 +264,7 @@ def make_sets(problem: Problem, sets: int) -> list[tuple]:
     made from these, so every layout sees the same bits)."""
     lengths = jnp.asarray(problem.lengths())
     key = jax.random.key(problem.rows * 7 + problem.n)
-    normal = jax.jit(lambda key: jax.random.normal(key, (problem.rows, problem.n), problem.dtype))
+    normal = jax.jit(lambda key: scores_of.normal(key, (problem.rows, problem.n), problem.dtype))
     return [(normal(jax.random.fold_in(key, i)), lengths) for i in range(sets)]
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_topk  # noqa: E402
+from benches import scores as scores_of
 from benches.bench import copy_bandwidth_tbps, device_time_us  # noqa: E402
 from benches.probes.filtered_variants import floor_us  # noqa: E402
 
@@ -41,7 +42,7 @@ def indexer_case(rows, n, causal, dtype):
     lengths = (n - (rows - 1 - np.arange(rows))) if causal else np.full(rows, n)
     lengths = jnp.asarray(lengths, jnp.int32)
     sets = [
-        (jax.random.normal(jax.random.key(i), (rows, n), dtype), lengths)
+        (scores_of.normal(jax.random.key(i), (rows, n), dtype), lengths)
         for i in range(4 if rows > 1000 else 32)
     ]
     calls = {
@@ -142,7 +143,7 @@ def main():
         del sets
     for rows, n, k, dtype, variants in vocab:
         sets = [
-            (jax.random.normal(jax.random.key(i), (rows, n), dtype),)
+            (scores_of.normal(jax.random.key(i), (rows, n), dtype),)
             for i in range(max(4, 300_000_000 // (rows * n * 4)))
         ]
         calls = {"top_k": jax.jit(lambda x: jax_topk.top_k(x, k))}

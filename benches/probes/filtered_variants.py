@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_topk
+from benches import scores as scores_of
 from benches.bench import copy_bandwidth_tbps, device_time_us
 
 SHAPES = {"5536x131072 causal": (5536, 131072, True), "32x131072 full": (32, 131072, False)}
@@ -32,7 +33,7 @@ def indexer_rows(tbps):
         lengths = jnp.asarray(lengths, jnp.int32)
         for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
             sets = [
-                (jax.random.normal(jax.random.key(i), (rows, n), dtype), lengths)
+                (scores_of.normal(jax.random.key(i), (rows, n), dtype), lengths)
                 for i in range(4 if rows > 1000 else 32)
             ]
             calls = {
@@ -58,7 +59,7 @@ def vocab_rows(tbps):
     for rows, n, k in VOCAB:
         for dtype in (jnp.bfloat16, jnp.float32):
             sets = [
-                (jax.random.normal(jax.random.key(i), (rows, n), dtype),)
+                (scores_of.normal(jax.random.key(i), (rows, n), dtype),)
                 for i in range(max(4, 300_000_000 // (rows * n * 4)))
             ]
             fn = jax.jit(lambda x: jax_topk.top_k(x, k))

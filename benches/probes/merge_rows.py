@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_topk
+from benches import scores as scores_of
 from benches.bench import copy_bandwidth_tbps, device_time_us
 
 ROWS, SHARDS, K = 5536, 8, 2048
@@ -15,7 +16,7 @@ def candidate_sets(count, dtype):
     sets = []
     for i in range(count):
         key = jax.random.key(i)
-        values = jax.random.normal(key, (ROWS, SHARDS * K), dtype)
+        values = scores_of.normal(key, (ROWS, SHARDS * K), dtype)
         shard_columns = jnp.sort(jax.random.randint(key, (ROWS, SHARDS, K), 0, 16384), axis=-1)
         columns = shard_columns + 16384 * jnp.arange(SHARDS)[None, :, None]
         sets.append((values, columns.reshape(ROWS, SHARDS * K).astype(jnp.int32)))

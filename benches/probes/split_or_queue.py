@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_topk
+from benches import scores as scores_of
 from benches.bench import copy_bandwidth_tbps, device_time_us
 
 # (call, dtype, rows, n, k, causal): the indexer's M = 128 selection first.
@@ -38,7 +39,7 @@ def main():
     for call, dtype, rows, n, k, causal in SHAPES:
         lengths = (n - (rows - 1 - np.arange(rows))) if causal else np.full(rows, n)
         lens = jnp.asarray(lengths, jnp.int32)
-        sets = [(jax.random.normal(jax.random.key(i), (rows, n), dtype), lens) for i in range(16)]
+        sets = [(scores_of.normal(jax.random.key(i), (rows, n), dtype), lens) for i in range(16)]
         if call == "top_k":
             fn = jax.jit(lambda x, ln, k=k: jax_topk.top_k(x, k, lengths=ln))
         else:
