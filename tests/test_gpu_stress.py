@@ -205,11 +205,7 @@ def test_filtered_a_block_a_row(rows, split, monkeypatch):
                 assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
         operand = families.make("normal", rng, (rows, n), dtype)
         lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
-        gpu = top_k_on("gpu", operand, 50, lengths, True)
-        cpu = top_k_on("cpu", operand, 50, lengths, True)
-        for got, want in zip(gpu, cpu, strict=True):
-            bits = f"u{got.itemsize}"
-            np.testing.assert_array_equal(got.view(bits), want.view(bits))
+        assert_top_k_same_bits(operand, 50, lengths, True)
     scores = rng.standard_normal((rows, n)).astype(np.float32)
     lengths = rng.integers(0, n + 1, size=rows).astype(np.int32)
     out = assert_same_on_both(
@@ -295,25 +291,28 @@ def top_k_on(backend, operand, k, lengths, sorted_):
     return tuple(np.asarray(o) for o in out)
 
 
+def assert_top_k_same_bits(operand, k, lengths, sorted_, err_msg=""):
+    """top_k on the GPU equals the CPU handler: indices, and values bit for bit (-0, -inf)."""
+    gpu = top_k_on("gpu", operand, k, lengths, sorted_)
+    cpu = top_k_on("cpu", operand, k, lengths, sorted_)
+    for got, want in zip(gpu, cpu, strict=True):
+        bits = f"u{got.itemsize}"
+        np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=err_msg)
+
+
 @pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
 @pytest.mark.parametrize("rows", [2, 100])  # split rows, then a queue of whole rows
 def test_filtered_values_match_cpu_bits(dtype, rows):
     """top_k's long rows run the filtered kernel: values (raw bits: -0, -inf in empty slots)
     and indices equal the CPU handler's, for every alignment, masked lengths and ties."""
     rng = np.random.default_rng(rows + len(dtype))
-    width = np.dtype(dtype).itemsize * 8
     for n in (50_001, 50_003, 65_536) + ((200_006,) if rows == 2 else ()):
         for family in sorted(families.FAMILIES):
             operand = families.make(family, rng, (rows, n), dtype)
             lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
             lengths[:2] = [n, 1000]
             for sorted_ in (False, True):
-                gpu = top_k_on("gpu", operand, 2048, lengths, sorted_)
-                cpu = top_k_on("cpu", operand, 2048, lengths, sorted_)
-                np.testing.assert_array_equal(gpu[1], cpu[1], err_msg=family)
-                np.testing.assert_array_equal(
-                    gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"), err_msg=family
-                )
+                assert_top_k_same_bits(operand, 2048, lengths, sorted_, err_msg=family)
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN_BIT)
@@ -336,10 +335,7 @@ def test_filtered_16bit_rank_order_at_the_composite_key_limit(dtype):
         scores = np.clip(scores.astype(np.float32), -60000, 60000).astype(np.float16)
     lengths = np.array([n, n, n - 5, n - 5], np.int32)
     assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=True)
-    gpu = top_k_on("gpu", scores, k, lengths, True)
-    cpu = top_k_on("cpu", scores, k, lengths, True)
-    np.testing.assert_array_equal(gpu[1], cpu[1])
-    np.testing.assert_array_equal(gpu[0].view(np.uint16), cpu[0].view(np.uint16))
+    assert_top_k_same_bits(scores, k, lengths, True)
 
 
 @pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
@@ -355,13 +351,33 @@ def test_filtered_kth_key_at_the_cutoff(dtype, rows):
         scores = scores[rng.integers(0, len(scores), size=rows)]
     lengths = np.full(rows, n, np.int32)
     lengths[1::5] = n - 3
-    width = np.dtype(dtype).itemsize * 8
     for sorted_ in (False, True):
         assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
-        gpu = top_k_on("gpu", scores, k, lengths, sorted_)
-        cpu = top_k_on("cpu", scores, k, lengths, sorted_)
-        np.testing.assert_array_equal(gpu[1], cpu[1])
-        np.testing.assert_array_equal(gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"))
+        assert_top_k_same_bits(scores, k, lengths, sorted_)
+
+
+@pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
+@pytest.mark.parametrize("rows", [4, 300])  # split rows (merged into the first block), a queue
+def test_filtered_crowded_bins_of_one_key(dtype, rows):
+    """A k-th key with 33 to 256 ties (a 16-bit row's relative bins hold one key each, so such a
+    bin is gathered as it settles; float32's are ranked by the block): the group at the cutoff,
+    +0.0 with -0.0 (two keys in one bin: the gather fails and the block ranks them), and normal
+    rows rounded to the row's type (~40-80 ties at the k-th of 131072 bfloat16 values); indices
+    and values, both orders, k and k - 5."""
+    rng = np.random.default_rng(rows + len(dtype) + 90)
+    n, k = 131072, 2048
+    cut = families.kth_key_at_the_cutoff(rng, 24, n, k, dtype, groups=(33, 40, 100, 256))
+    normal = rng.standard_normal((8, n), dtype=np.float32).astype(dtype)
+    scores = np.concatenate([cut, normal])
+    scores = (
+        scores[rng.integers(0, len(scores), size=rows)] if rows == 300 else scores[[1, 7, 14, 26]]
+    )
+    lengths = np.full(len(scores), n, np.int32)
+    lengths[1::5] = n - 3
+    for k_ in (k, k - 5):
+        for sorted_ in (False, True):
+            assert_same_on_both("topk_filtered", scores, lengths, k=k_, sorted=sorted_)
+        assert_top_k_same_bits(scores, k_, lengths, True)
 
 
 @pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
@@ -374,9 +390,5 @@ def test_filtered_rank_order_of_few_keys_over_a_span(dtype, rows):
     n, k = 131072, 2048
     scores = families.few_keys_over_a_span(rng, rows, n, k, dtype)
     lengths = np.full(len(scores), n, np.int32)
-    width = np.dtype(dtype).itemsize * 8
     assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=True)
-    gpu = top_k_on("gpu", scores, k, lengths, True)
-    cpu = top_k_on("cpu", scores, k, lengths, True)
-    np.testing.assert_array_equal(gpu[1], cpu[1])
-    np.testing.assert_array_equal(gpu[0].view(f"uint{width}"), cpu[0].view(f"uint{width}"))
+    assert_top_k_same_bits(scores, k, lengths, True)

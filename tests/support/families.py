@@ -116,18 +116,18 @@ def edge_lengths(k, n, rows, rng):
     return lengths.astype(np.int32)
 
 
-def kth_key_at_the_cutoff(rng, rows, n, k, dtype):
+def kth_key_at_the_cutoff(rng, rows, n, k, dtype, groups=(300, 1000, 3000, 6000)):
     """Rows whose k-th key is the sample cutoff's own key, so that it sits in the lowest of the
     filtered kernel's relative bins: k - quota values above (in [8, 9)), a tie group of the k-th
     key (1.0; or +0.0 and -0.0 together, a group of two keys the threshold keeps alike) wide
     enough that the sample's cutoff falls inside it, and the rest far below (-1 - |normal|). Row r
-    cycles through group sizes (300 to 6000, past the 256 a block ranks member by member; 6000
-    with the values above it goes past the 8192 candidates of shared memory) and quotas (1, the
-    middle, the whole group or all k), with and without the signed-zero pair."""
+    cycles through `groups` (by default 300 to 6000, past the 256 a block ranks member by
+    member; 6000 with the values above it goes past the 8192 candidates of shared memory) and
+    quotas (1, the middle, the whole group or all k), with and without the signed-zero pair."""
     dtype = np.dtype(dtype)
     out = np.empty((rows, n), np.float32)
     for r in range(rows):
-        group = (300, 1000, 3000, 6000)[r % 4]
+        group = groups[r % len(groups)]
         most = min(group, k)
         quota = (1, most // 2, most)[(r // 4) % 3]
         zeros = (r // 12) % 2 == 1

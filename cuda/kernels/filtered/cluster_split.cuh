@@ -352,7 +352,8 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
   if (part != 0) return;
   int m;
   if (merged) {
-    m = SelectKept(s, sink, problem.k, cutoff, static_cast<int>(total), JobWinnersTo(s, problem));
+    m = SelectKept<Elements>(s, sink, problem.k, cutoff, static_cast<int>(total),
+                             JobWinnersTo(s, problem));
   } else {
     m = SelectJobRow<Elements>(s, launch, s.cluster.overflow || short_of_k ? Route::kExact : route);
   }

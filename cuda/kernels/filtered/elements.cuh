@@ -29,11 +29,15 @@ struct RowElements;
 template <>
 struct RowElements<ScoreType::kFloat32> {
   using Storage = float;
+  // Distinct widened keys of one sign lie at least 2^kKeyStepBits apart (the zero low bits a
+  // 16-bit value widens to; float32: none). selection.cuh's relative bins use it.
+  static constexpr int kKeyStepBits = 0;
   __device__ __forceinline__ static uint32_t Widen(float value) { return __float_as_uint(value); }
 };
 template <>
 struct RowElements<ScoreType::kBfloat16> {
   using Storage = unsigned short;
+  static constexpr int kKeyStepBits = 16;  // 8 significant bits of 24
   __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
     return WidenBf16Bits(bits);
   }
@@ -65,6 +69,7 @@ struct RowElements<ScoreType::kBfloat16> {
 template <>
 struct RowElements<ScoreType::kFloat16> {
   using Storage = unsigned short;
+  static constexpr int kKeyStepBits = 13;  // 11 significant bits of 24, subnormals included
   __device__ __forceinline__ static uint32_t Widen(unsigned short bits) {
     return WidenF16Bits(bits);
   }

@@ -95,11 +95,12 @@ __device__ __forceinline__ WinnersTo JobWinnersTo(const SharedStorage& s,
 
 // The job's top-k over `kept` candidates of `cutoff`, put in `keep` (s.candidates, then the
 // slice) by this block or merged into s.candidates by a split row's cluster.
+template <class Elements>
 __device__ __forceinline__ int SelectKept(SharedStorage& s, const CandidateSink& keep, int k,
                                           uint32_t cutoff, int kept, WinnersTo to) {
   const CandidateSource candidates{s.candidates, keep.shared_capacity, keep.global, kept};
-  const Selection selection =
-      SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, s.sample_largest, to);
+  const Selection selection = SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff,
+                                               s.sample_largest, to, Elements::kKeyStepBits);
   ProbeStamp(s, kPhaseSelect);
   const int m = PutWinners(s, candidates, selection, to, s.job.length);
   ProbeStamp(s, kPhasePut);
@@ -125,7 +126,7 @@ __device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaun
     if (kept > keep.Capacity()) break;  // overflow: the exact route re-reads the row
     if (kept >= k || KeepsAll(cutoff)) {
       ProbeCount(s, kCountKept, kept);
-      return SelectKept(s, keep, k, cutoff, kept, to);
+      return SelectKept<Elements>(s, keep, k, cutoff, kept, to);
     }
   }
   ProbeCount(s, kCountExact);

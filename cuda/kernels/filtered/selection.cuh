@@ -529,11 +529,14 @@ __device__ __forceinline__ RankValue GatherOneKeyBin(SharedStorage& s,
 // histogram in relative bins usually leaves the k-th key in a bin of a few candidates, which one
 // warp ranks directly. Otherwise the three-digit selection (the answer never depends on the
 // sample, only the work does). With `to` = kSelected a crowded bin of one key gathers the winners
-// as it settles (GatherOneKeyBin: the result's `gathered`).
+// as it settles (GatherOneKeyBin: the result's `gathered`). Bins no wider than the keys' step
+// (`key_step_bits`: 16-bit rows) hold one key each but +-0, so there a bin of 33-256 is gathered
+// too, rather than ranked by the block and then gathered again (benches/NOTES.md "one-key bins
+// of 16-bit rows"); the block ranks it only if it holds two keys after all.
 __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
                                                             const CandidateSource& source, int rank,
                                                             uint32_t cutoff, uint32_t largest,
-                                                            WinnersTo to) {
+                                                            WinnersTo to, int key_step_bits) {
   if (!RelativeBins::Usable(cutoff, largest)) return FindRankValue(s, source, KeyOfValue{}, rank);
   const RelativeBins relative_bin(cutoff, largest);
   RelativeHistogram(s, source, relative_bin);
@@ -544,11 +547,14 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
   const int group = static_cast<int>(first.a.count);
   const bool crowded = !ProbeOn(s, kProbeOldSelection);  // bins of 33+ without radix digits
   const bool edges = crowded && !ProbeOn(s, kProbeOldBinEdges);
+  const bool gathers = to == WinnersTo::kSelected && s.job.length <= kGatherBitmapColumns;
   const bool by_block = crowded && RelativeBins::SettlesInBlock(first.a, edges);
-  if (!RelativeBins::Settles(first.a, edges) && !by_block) {
+  const bool gather_first =
+      by_block && gathers && key_step_bits > 0 && relative_bin.shift <= key_step_bits;
+  if (!RelativeBins::Settles(first.a, edges) && (!by_block || gather_first)) {
     uint32_t key = 0;
     const bool may_settle = crowded && RelativeBins::MaySettle(first.a, edges);
-    if (may_settle && to == WinnersTo::kSelected && s.job.length <= kGatherBitmapColumns) {
+    if (may_settle && gathers) {
       const RankValue kth = GatherOneKeyBin(s, source, relative_bin, first.a, rank,
                                             static_cast<int>(first.total), s.job.length);
       if (kth.gathered >= 0) {
@@ -561,8 +567,10 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
       return {key, rank - static_cast<int>(first.a.above), group, false,
               static_cast<int>(first.total)};
     }
-    ProbeCount(s, kCountDigitRank);
-    return FindRankValue(s, source, KeyOfValue{}, rank);
+    if (!gather_first) {  // else the block ranks the bin's two keys (+-0) below
+      ProbeCount(s, kCountDigitRank);
+      return FindRankValue(s, source, KeyOfValue{}, rank);
+    }
   }
   ProbeCount(s, by_block ? kCountBlockRank : kCountWarpRank);
   const int remaining = rank - static_cast<int>(first.a.above);
@@ -700,12 +708,15 @@ __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& 
 // the work does. PutWinners then puts the winners where the caller wants them: `to`, where they
 // go, lets a crowded bin of one key gather them into s.work.selected as it settles them (kBitmap,
 // the default, never does).
+// `key_step_bits`: the candidates' distinct keys of one sign lie at least 2^key_step_bits apart
+// (16-bit rows widened: elements.cuh kKeyStepBits; 0 says nothing).
 __device__ __forceinline__ Selection SelectCandidates(SharedStorage& s,
                                                       const CandidateSource& candidates, int k,
                                                       uint32_t cutoff, uint32_t largest,
-                                                      WinnersTo to = WinnersTo::kBitmap) {
+                                                      WinnersTo to = WinnersTo::kBitmap,
+                                                      int key_step_bits = 0) {
   return SettleTies(s, candidates, k,
-                    FindCandidateRankValue(s, candidates, k, cutoff, largest, to));
+                    FindCandidateRankValue(s, candidates, k, cutoff, largest, to, key_step_bits));
 }
 
 // The exact top-k of a row read from global memory (the exact route).
