@@ -95,6 +95,18 @@ def routes():
     set_variant(0)
 
 
+def stamps_vocab(dtype, rows=256, n=152064, k=50):
+    """The phases of top_k over [256, 152064] (a block a row, one wave: no queue)."""
+    fn = jax.jit(lambda x: jax_topk.top_k(x, k))
+    sets = [(scores_of.normal(jax.random.key(i), (rows, n), dtype),) for i in range(2)]
+    jax.block_until_ready(fn(*sets[0]))
+    set_variant(2)
+    print(f"stamps {jnp.dtype(dtype).name} [{rows}, {n}] top_k k={k} [new]:", flush=True)
+    jax.block_until_ready(fn(*sets[1]))
+    LIBC.fflush(None)
+    set_variant(0)
+
+
 def timed(label, dtype, sets, calls, floor, variants):
     for variant in variants:
         set_variant(VARIANTS[variant])
@@ -116,6 +128,8 @@ def main():
     if "--stamps" in sys.argv:
         for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
             stamps(dtype)
+        for dtype in (jnp.bfloat16, jnp.float32):
+            stamps_vocab(dtype)
     print(
         "| shape | dtype | variant | topk_filtered unsorted | sorted | top_k (values, sorted)"
         " | floor | top_k / floor |"
