@@ -65,9 +65,14 @@ __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s,
   }
   largest = __reduce_max_sync(kFullMask, largest);
   if (threadIdx.x % kWarpSize == 0) atomicMax(&s.sample_largest, largest);  // read after a barrier
-  // Sampled rank whose key leaves ~kRetention * k row items above it (positions <= 4096).
-  const int64_t primary_rank =
-      (kRetention * static_cast<int64_t>(k) * positions + length - 1) / length + rank_slack;
+  // Sampled rank whose key leaves ~kRetention * k row items above it (positions <= 4096). The
+  // row's top k put a Poisson count of mean e = k * positions / length into the sample, so a
+  // slack of 4 sqrt(e) + 8 leaves an under-filled primary below ~1e-6 for any e; the caller's
+  // slack caps it (measured at k = 2048, e ~ 64). At small k (vocabulary sampling: e ~ 1.4 at
+  // k = 50 over 152064) a fixed 24 kept ~20 k values (benches/NOTES.md "small-k slack").
+  const int64_t expected = (kRetention * static_cast<int64_t>(k) * positions + length - 1) / length;
+  const int spread_slack = static_cast<int>(ceilf(4.0f * sqrtf(static_cast<float>(expected)))) + 8;
+  const int64_t primary_rank = expected + min(rank_slack, spread_slack);
   const int64_t secondary_rank = kSecondaryFactor * primary_rank + kRankSlack;
   DigitHistogram(s, sample, KeyOfValue{}, 0, 0, 0);
   const BinSearch coarse =
