@@ -182,6 +182,24 @@ def test_kth_in_a_narrow_super_bin(n, held):
     same_on_both("topk_filtered", scores, lengths, k=k - 3, sorted=False)
 
 
+@pytest.mark.parametrize("k", [10, 24, 25, 26])
+def test_first_super_bin_gathered_beside_nan(k):
+    """The first digit's super-bin 0 (keys below 2^26: -inf and the most negative floats) holding
+    at most 32 keys is gathered at once, and its prefix (0) matches key 0 too: NaN and columns
+    past the length must stay out. Rows of NaN but 20 -inf and 5 values of -1e38 spread over
+    the blocks, full length and cut past some of them."""
+    n = 32768
+    rng = np.random.default_rng(k)
+    scores = np.full((4, n), np.nan, np.float32)
+    for r in range(4):
+        columns = rng.choice(n, size=25, replace=False)
+        scores[r, columns[:20]] = -np.inf
+        scores[r, columns[20:]] = -1e38 * (1 + r)
+    lengths = np.array([n, n, n // 2, n - 7], np.int32)
+    for sorted_ in (False, True):
+        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+
+
 def small_k_rows(rng, rows, n, k):
     """Rows for small k on long slices (a few keys matching each digit, gathered as candidates;
     most threads with no winner): row 0 puts k + 3 large values in the middle block alone; row 1

@@ -15,9 +15,10 @@
 //     the bin (the same sums in every block: no broadcast). The same pushes count the keys above
 //     the bin, and in it, in the blocks before this one. Once a digit leaves at most 32 keys in
 //     the bin (most rows after two digits), every block pushes those keys with their columns to
-//     every block instead, and warp 0 ranks them there: the full pivot in one exchange. A second
-//     digit whose chosen super-bin already holds at most 32 keys gathers them without its bin
-//     exchange (most rows of <= 32768 columns at k = 2048, and rows' far tails at small k).
+//     every block instead, and warp 0 ranks them there: the full pivot in one exchange. A digit
+//     whose chosen super-bin already holds at most 32 keys gathers them without its bin exchange
+//     (the second digit of most rows of <= 32768 columns at k = 2048, and of far tails at small
+//     k).
 //  3. Winners: the blocks own ascending column ranges, so block b's winners follow the greater
 //     keys and the taken ties of the blocks before it; a block scan places the rest (ties to the
 //     lowest columns). Unsorted: stored from the registers. Sorted: pushed into block 0's shared
@@ -355,8 +356,8 @@ __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys
 #pragma unroll
     for (int i = 0; i < kElems; ++i) {
       const uint32_t key = row.key[i];
-      // Every digit's prefix matches only real keys (> 0): the key != 0 test is redundant, and
-      // kept so that this loop's SASS stays what it was (MatchingKeys).
+      // Required: the first digit's super-bin 0 (gathered when it holds <= 32 keys, e.g. a row
+      // of a few -inf) has prefix 0, which key 0 (NaN, past the length) matches too.
       if (key != 0 && (key & prefix_mask) == prefix) push(i, key);
     }
   }

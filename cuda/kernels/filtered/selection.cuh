@@ -530,9 +530,10 @@ __device__ __forceinline__ RankValue GatherOneKeyBin(SharedStorage& s,
 // warp ranks directly. Otherwise the three-digit selection (the answer never depends on the
 // sample, only the work does). With `to` = kSelected a crowded bin of one key gathers the winners
 // as it settles (GatherOneKeyBin: the result's `gathered`). Bins no wider than the keys' step
-// (`key_step_bits`: 16-bit rows) hold one key each but +-0, so there a bin of 33-256 is gathered
-// too, rather than ranked by the block and then gathered again (benches/NOTES.md "one-key bins
-// of 16-bit rows"); the block ranks it only if it holds two keys after all.
+// (`key_step_bits`: 16-bit rows) hold one key each (but +-0, and the last bin), so there a bin
+// of 33-256 is gathered too, rather than ranked by the block and then gathered again
+// (benches/NOTES.md "one-key bins of 16-bit rows"); the block ranks it if it holds more keys
+// after all (+-0, or the last bin's keys past the sample's largest).
 __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
                                                             const CandidateSource& source, int rank,
                                                             uint32_t cutoff, uint32_t largest,
@@ -567,7 +568,7 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
       return {key, rank - static_cast<int>(first.a.above), group, false,
               static_cast<int>(first.total)};
     }
-    if (!gather_first) {  // else the block ranks the bin's two keys (+-0) below
+    if (!gather_first) {  // else the block ranks the bin's several keys below
       ProbeCount(s, kCountDigitRank);
       return FindRankValue(s, source, KeyOfValue{}, rank);
     }
