@@ -114,6 +114,15 @@ def test_sample_foolers_and_ties_across_blocks(n, parts, monkeypatch):
                 same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
 
 
+def same_at_k_and_below(scores, k, below):
+    """Full-length rows equal on both backends at k, both orders, and unsorted at k - below
+    (the rank moves inside the k-th key's group)."""
+    lengths = np.full(len(scores), scores.shape[1], np.int32)
+    for sorted_ in (False, True):
+        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+    same_on_both("topk_filtered", scores, lengths, k=k - below, sorted=False)
+
+
 def few_ties_at_the_kth(rng, rows, n, k, ties):
     """k - 8 large distinct values, then `ties` copies of the k-th value spread over the row
     (across every block's slice), everything else far below: the bin of the k-th key holds only
@@ -136,11 +145,7 @@ def test_ties_gathered_as_candidates(n, ties):
     k-th value split between blocks, taken by column, at 32 candidates and at 33."""
     rng = np.random.default_rng(n + ties)
     k = 2048
-    scores = few_ties_at_the_kth(rng, 4, n, k, ties)
-    lengths = np.full(4, n, np.int32)
-    for sorted_ in (False, True):
-        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
-    same_on_both("topk_filtered", scores, lengths, k=k - 4, sorted=False)
+    same_at_k_and_below(few_ties_at_the_kth(rng, 4, n, k, ties), k, 4)
 
 
 def one_super_bin_at_the_kth(rng, rows, n, k, held):
@@ -175,11 +180,7 @@ def test_kth_in_a_narrow_super_bin(n, held):
     k - 3 (the rank moves inside the super-bin)."""
     rng = np.random.default_rng(n + held)
     k = 2048
-    scores = one_super_bin_at_the_kth(rng, 4, n, k, held)
-    lengths = np.full(4, n, np.int32)
-    for sorted_ in (False, True):
-        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
-    same_on_both("topk_filtered", scores, lengths, k=k - 3, sorted=False)
+    same_at_k_and_below(one_super_bin_at_the_kth(rng, 4, n, k, held), k, 3)
 
 
 @pytest.mark.parametrize("k", [10, 24, 25, 26])
