@@ -3,11 +3,13 @@ kernels/filtered/probe.cuh): device time of topk_filtered (unsorted, sorted) and
 set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the previous 16-bit
 filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the
 relative bins' first and last never settling the k-th key, 16: rank-order buckets without dense
-key ranks; benches/NOTES.md "bf16-queue" timed two more, since removed), with --stamps the
-per-phase times of one call of each (2: the kernel's last block prints them), and with --routes
-the route counts of the test families built for those paths (tests/support/families.py).
-Command buffers are off so that every call's launch reads the switches. Run on the GPU from the
-repo root of a probe build: python -m benches.probes.filtered_phases [--stamps] [--routes]"""
+key ranks, 32: every queue pass prefetched as before PassReads; benches/NOTES.md "bf16-queue" and
+"the queue pass's reads" timed more, since removed), with --stamps the per-phase times of one call
+of each (2: the kernel's last block prints them), and with --routes the route counts of the test
+families built for those paths (tests/support/families.py). PHASES_VARIANTS and PHASES_STAMPED
+(comma-separated names of VARIANTS) choose the timed and stamped variants. Command buffers are
+off so that every call's launch reads the switches. Run on the GPU from the repo root of a probe
+build: python -m benches.probes.filtered_phases [--stamps] [--routes]"""
 
 import ctypes
 import os
@@ -28,10 +30,12 @@ VARIANTS = {
     "new": 0,
     "old bin edges": 8,
     "old buckets": 16,
+    # Every queue pass prefetched as before PassReads (layout.cuh): "the queue pass's reads".
+    "old pass reads": 32,
 }
 LIBC = ctypes.CDLL(None)
-STAMPED = ("new",)
-TIMED = ("new", "old bin edges", "old buckets")
+STAMPED = tuple(os.environ.get("PHASES_STAMPED", "new").split(","))
+TIMED = tuple(os.environ.get("PHASES_VARIANTS", "new,old bin edges,old buckets").split(","))
 
 
 def set_variant(flags: int):
@@ -135,18 +139,13 @@ def main():
         " | floor | top_k / floor |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    every, baseline = list(TIMED), ["new"]
+    every = list(TIMED)
+    baseline = ["new"] + [v for v in ("old pass reads",) if v in TIMED]
     indexer = [  # the most wanted rows first: a time limit cuts the tail
         ("5536x131072 causal", 5536, 131072, True, jnp.bfloat16, every),
-        (
-            "5536x131072 causal",
-            5536,
-            131072,
-            True,
-            jnp.float16,
-            ["new", "old buckets"],
-        ),
-        ("5536x131072 causal", 5536, 131072, True, jnp.float32, baseline),
+        ("5536x131072 causal", 5536, 131072, True, jnp.float32, every),
+        ("1536x196608 causal", 1536, 196608, True, jnp.float32, every),
+        ("5536x131072 causal", 5536, 131072, True, jnp.float16, baseline),
         ("32x131072", 32, 131072, False, jnp.bfloat16, baseline),
     ]
     vocab = [(256, 152064, 50, jnp.bfloat16, baseline), (256, 152064, 50, jnp.float32, baseline)]

@@ -1,12 +1,14 @@
 // The filtering pass: the hot loop. One read of columns [begin, end) of a row (16-byte loads of
-// its own element type, widened to float32; the row pulled into L2 kPrefetchAhead columns ahead)
+// its own element type, widened to float32; as the job's PassReads says, the row pulled into L2
+// kPrefetchAhead columns ahead, every other tile staged through shared memory, or neither)
 // appends every value >= a threshold to a sink: s.candidates first, then this block's workspace
 // slice, counted past the slice's end so that the caller sees the overflow. Every thread tests its
 // 16 (float32, one compare each) or 32 (16-bit, two a packed compare) values into a bit mask; only
 // a warp with a hit counts and appends, and only a thread's hits cost more.
 //
 // Contract: FilterColumns is called by every thread of the block with block-uniform arguments.
-// It owns s.kept (zeroed, then one atomic per warp) and writes s.candidates; a barrier opens it,
+// It owns s.kept (zeroed, then one atomic per warp), writes s.candidates and, reading staged,
+// uses s.work (every copy waited for before the closing barriers); a barrier opens it,
 // two close it (the count is read by all, then may be reset by a retry). The order of the kept
 // candidates is unspecified.
 #pragma once
@@ -213,14 +215,126 @@ __device__ __forceinline__ uint32_t PackedThresholdOf(float threshold) {
   }
 }
 
-// The tiles of [tile, end), full tiles unbounded, with the row pulled into L2 ahead.
+// The staged tiles: each thread's kFilterChunks 16-byte chunks of a tile go to its own slots of
+// s.work (free during a pass: the selection uses it after), so that a tile's loads are in flight
+// while the previous tile is tested, without the registers a second tile would hold. A thread
+// reads back only what it copied itself, so no barrier is needed; cp.async.wait_group orders it.
+__device__ __forceinline__ uint4* StagedChunks(SharedStorage& s) {
+  return s.work.staged_chunks;
+}
+
+// Starts the copy of this thread's chunks of the full tile at `tile` into its slots.
+template <class Elements>
+__device__ __forceinline__ void StageTile(SharedStorage& s, const typename Elements::Storage* row,
+                                          int tile) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cp.async
+  const typename Elements::Storage* at = row + tile + kChunkElems<Elements> * threadIdx.x;
+  uint4* slots = StagedChunks(s);
+#pragma unroll
+  for (int c = 0; c < kFilterChunks; ++c) {
+    const uint32_t slot =
+        static_cast<uint32_t>(__cvta_generic_to_shared(&slots[kThreadsPerBlock * c + threadIdx.x]));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slot),
+                 "l"(at + kChunkStride<Elements> * c)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+  (void)s;
+  (void)row;
+  (void)tile;
+#endif
+}
+
+// Waits for this thread's staged chunks.
+__device__ __forceinline__ void WaitStagedTile() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cp.async
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// FilterTile's test of a full tile, from this thread's staged chunks: the same hits (the hit
+// bits of a thread's items are numbered as in FilterTile), each kept value read back from its slot.
+template <class Elements>
+__device__ __forceinline__ void FilterStagedTile(SharedStorage& s, int tile, float threshold,
+                                                 uint32_t packed_threshold,
+                                                 const CandidateSink& sink) {
+  constexpr int kElems = kChunkElems<Elements>;
+  constexpr int kStride = kChunkStride<Elements>;
+  const uint32_t first = tile + kElems * threadIdx.x;
+  const uint4* slots = StagedChunks(s);
+  // Word w of chunk c (two 16-bit elements, or one float32).
+  const auto word_at = [&](int c, int w) {
+    return reinterpret_cast<const uint32_t*>(&slots[kThreadsPerBlock * c + threadIdx.x])[w];
+  };
+  uint32_t hits = 0;
+#pragma unroll
+  for (int c = 0; c < kFilterChunks; ++c) {
+    const uint4 chunk = slots[kThreadsPerBlock * c + threadIdx.x];
+    const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      if constexpr (kElems == 4) {  // item 4c + w
+        hits |= static_cast<uint32_t>(__uint_as_float(words[w]) >= threshold) << (4 * c + w);
+      } else {  // word j = 4c + w: items j (low element) and 16 + j (high)
+        hits |= Elements::AtLeast(words[w], packed_threshold) & (0x00010001u << (4 * c + w));
+      }
+    }
+  }
+  AppendHitMask(s, sink, hits, [&](int i) {
+    if constexpr (kElems == 4) {
+      return make_uint2(word_at(i / 4, i % 4), first + (i / 4) * kStride + i % 4);
+    } else {
+      const int j = i % 16;
+      const bool high = i >= 16;
+      const uint32_t word = word_at(j / 4, j % 4);
+      return make_uint2(high ? Elements::WidenHigh(word) : Elements::WidenLow(word),
+                        first + (j / 4) * kStride + 2 * (j % 4) + high);
+    }
+  });
+}
+
+// The full tiles of [tile, end) in pairs: the first of a pair staged (its copy started during the
+// previous pair), the second loaded into registers and tested while the copy lands, then the
+// staged one tested and the next pair's copy started. Returns the first column not covered.
+template <class Elements>
+__device__ __forceinline__ int FilterStagedTiles(SharedStorage& s,
+                                                 const typename Elements::Storage* row, int tile,
+                                                 int end, float threshold,
+                                                 uint32_t packed_threshold,
+                                                 const CandidateSink& sink) {
+  constexpr int kTile = kFilterTile<Elements>;
+  const int full = (end - tile) / kTile;
+  if (full > 0) StageTile<Elements>(s, row, tile);
+  for (int a = 0; a < full; a += 2) {
+    const int staged = tile + a * kTile;
+    PrefetchToL2(row, int64_t{staged} + 2 * kTile, end, 2 * kTile);
+    if (a + 1 < full) {
+      FilterTile<Elements, false>(s, row, staged + kTile, end, threshold, packed_threshold, sink);
+    }
+    WaitStagedTile();
+    FilterStagedTile<Elements>(s, staged, threshold, packed_threshold, sink);
+    if (a + 2 < full) StageTile<Elements>(s, row, staged + 2 * kTile);
+  }
+  return tile + full * kTile;
+}
+
+// The tiles of [tile, end), full tiles unbounded, read as s.job.reads says (layout.cuh PassReads).
 template <class Elements, bool kWidened16>
 __device__ __forceinline__ void FilterTiles(SharedStorage& s, const typename Elements::Storage* row,
                                             int tile, int end, float threshold,
                                             const CandidateSink& sink) {
   const uint32_t packed_threshold = PackedThresholdOf<Elements>(threshold);
+  const PassReads reads = s.job.reads;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cp.async
+  if (!kWidened16 && reads == PassReads::kStaged) {
+    tile = FilterStagedTiles<Elements>(s, row, tile, end, threshold, packed_threshold, sink);
+  }
+#endif
   for (; end - tile >= kFilterTile<Elements>; tile += kFilterTile<Elements>) {
-    PrefetchToL2(row, int64_t{tile} + kPrefetchAhead<Elements>, end, kFilterTile<Elements>);
+    if (reads != PassReads::kPlain) {
+      PrefetchToL2(row, int64_t{tile} + kPrefetchAhead<Elements>, end, kFilterTile<Elements>);
+    }
     FilterTile<Elements, false, kWidened16>(s, row, tile, end, threshold, packed_threshold, sink);
   }
   if (tile < end) {

@@ -101,6 +101,12 @@ cudaError_t LaunchRowsOf(const TopkProblem& problem, void* workspace, size_t wor
   FilteredLaunch launch;
   launch.problem = problem;
   launch.queue_next = reinterpret_cast<unsigned long long*>(base);
+  // Measured (benches/NOTES.md "the queue pass's reads"): staged tiles speed a long queue's
+  // passes 1-3.5 %; with a block a row and more rows than SMs, every block streams at once and
+  // dropping the pass's L2 prefetches gains 5-8 % ([256, 152064]).
+  launch.queue_reads = plan.grid < problem.rows        ? PassReads::kStaged
+                       : problem.rows > SmCount(device) ? PassReads::kPlain
+                                                        : PassReads::kPrefetched;
   launch.slices = reinterpret_cast<uint2*>(base + kFilteredHeaderBytes);
   launch.slice_entries = plan.slice_entries;
 #if JAX_TOPK_FILTERED_PROBE

@@ -107,6 +107,13 @@ constexpr int kRankKeyRadixBits = 4;
 using RankKeySort = cub::BlockRadixSort<uint32_t, kThreadsPerBlock, kSortItemsPerThread,
                                         cub::NullType, kRankKeyRadixBits>;
 
+// How a filtering pass reads its row (benches/NOTES.md "the queue pass's reads"): every tile
+// loaded into registers with the row pulled into L2 ahead (split rows, few rows); every other
+// tile copied into shared memory as well, so that two tiles are in flight (a queue of more rows
+// than workers); or loaded without L2 prefetches (a block a row for more rows than SMs, where
+// every block streams at once and the prefetches only add L2 traffic).
+enum class PassReads : int { kPrefetched, kStaged, kPlain };
+
 // Cutoffs are ordered keys; a row keeps the non-NaN values whose key is >= the cutoff.
 struct Cutoffs {
   uint32_t primary;    // 22-bit: keeps ~kRetention * k expected candidates
@@ -117,6 +124,7 @@ struct RowJob {
   int64_t row;
   int length;  // -1: a masked row
   Cutoffs cutoffs;
+  PassReads reads;
 };
 
 struct BinFound {
@@ -162,6 +170,7 @@ struct SharedStorage {
     RankSort::TempStorage rank_sort;
     RankKeySort::TempStorage rank_key_sort;
     uint32_t bitmap[kBitmapColumns / 32];  // the winners' columns (unsorted rows or split parts)
+    uint4 staged_chunks[kFilterChunks * kThreadsPerBlock];  // a pass's staged tile (PassReads)
   } work;
   uint32_t hist[kDigitBins];                     // all zero between uses
   uint32_t warp_sums[kWarpsPerBlock];            // BlockExclusiveSum's per-warp totals
@@ -185,6 +194,9 @@ struct SharedStorage {
 };
 static_assert(sizeof(uint32_t) * kBitmapColumns / 32 <= sizeof(uint32_t) * kFrontierCapacity,
               "the bitmap shares the frontier's space");
+static_assert(sizeof(uint4) * kFilterChunks * kThreadsPerBlock <=
+                  sizeof(uint32_t) * kFrontierCapacity,
+              "a staged tile shares the frontier's space");
 
 }  // namespace
 }  // namespace jax_topk

@@ -23,6 +23,7 @@ enum ProbeFlag : int {
   kProbeOldSelection = 4,  // crowded bins and tie groups of 33+ by radix digits only
   kProbeOldBinEdges = 8,   // the first and last relative bins never settle the k-th key
   kProbeOldBuckets = 16,   // rank-order buckets by key - lowest key, never by dense key ranks
+  kProbeOldPassReads = 32,  // every queue pass prefetched, none staged or plain (PassReads)
 };
 
 enum ProbePhase : int {

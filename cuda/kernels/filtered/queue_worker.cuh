@@ -31,7 +31,8 @@ __device__ __forceinline__ void RunQueueWorker(SharedStorage& s, const FilteredL
   for (;;) {
     if (threadIdx.x == 0) {
       s.queue.next_row = claimed;
-      if (claimed < rows) PublishJob(s, static_cast<int64_t>(claimed), claimed_length);
+      if (claimed < rows)
+        PublishJob(s, static_cast<int64_t>(claimed), claimed_length, launch.queue_reads);
     }
     __syncthreads();
     if (s.queue.next_row >= rows) break;  // rewritten only after the row's barriers

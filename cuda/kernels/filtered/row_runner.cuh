@@ -22,6 +22,7 @@ namespace {
 struct FilteredLaunch {
   TopkProblem problem;
   unsigned long long* queue_next;  // the next row a worker takes (queue mode; zero at the launch)
+  PassReads queue_reads;           // how a queue worker's passes read (the host's choice)
   uint2* slices;                   // [grid][slice_entries]
   int slice_entries;
 #if JAX_TOPK_FILTERED_PROBE
@@ -42,9 +43,11 @@ __device__ __forceinline__ uint2* WorkerSlice(const FilteredLaunch& launch) {
 }
 
 // Thread 0 publishes a row's index and length (-1: masked); a barrier must follow.
-__device__ __forceinline__ void PublishJob(SharedStorage& s, int64_t row, int length) {
+__device__ __forceinline__ void PublishJob(SharedStorage& s, int64_t row, int length,
+                                           PassReads reads = PassReads::kPrefetched) {
   s.job.row = row;
   s.job.length = length;
+  s.job.reads = ProbeOn(s, kProbeOldPassReads) ? PassReads::kPrefetched : reads;
   s.sample_largest = 0;
 }
 

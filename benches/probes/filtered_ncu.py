@@ -1,0 +1,39 @@
+"""One call of the filtered kernel for Nsight Compute (benches/probes/filtered_ncu.sh): the case
+named on the command line is compiled, run once to warm, then once more (the profiled launch).
+Cases: bf16_causal_top_k (5536 x 131072, k = 2048, values, sorted), f32_causal (topk_filtered
+unsorted, same shape), bf16_vocab (top_k [256, 152064], k = 50). Run from the repo root on the GPU:
+python -m benches.probes.filtered_ncu CASE"""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_topk
+from benches import scores as scores_of
+
+
+def case(name):
+    if name == "bf16_vocab":
+        x = scores_of.normal(jax.random.key(0), (256, 152064), jnp.bfloat16)
+        return jax.jit(lambda s: jax_topk.top_k(s, 50)), (x,)
+    rows, n = 5536, 131072
+    lengths = jnp.asarray(n - (rows - 1 - np.arange(rows)), jnp.int32)
+    if name == "bf16_causal_top_k":
+        x = scores_of.normal(jax.random.key(0), (rows, n), jnp.bfloat16)
+        return jax.jit(lambda s, lens: jax_topk.top_k(s, 2048, lengths=lens)), (x, lengths)
+    if name == "f32_causal":
+        x = scores_of.normal(jax.random.key(0), (rows, n), jnp.float32)
+        return jax.jit(lambda s, lens: jax_topk.topk_filtered(s, lens, k=2048)), (x, lengths)
+    raise SystemExit(f"unknown case {name!r}")
+
+
+def main():
+    fn, args = case(sys.argv[1])
+    jax.block_until_ready(fn(*args))
+    jax.block_until_ready(fn(*args))
+
+
+if __name__ == "__main__":
+    main()
