@@ -161,8 +161,9 @@ def test_filtered_candidates_past_shared_memory(rows):
 
 
 def test_filtered_whole_rows_of_every_family():
-    """Enough rows that every block takes whole rows (the persistent queue), for the value
-    families and the sample foolers, random lengths, both orders."""
+    """Enough rows that every block takes whole rows (the persistent queue, more rows than its
+    workers: passes read staged, PassReads::kStaged), for the value families and the sample
+    foolers, random lengths, both orders."""
     rng = np.random.default_rng(52)
     for family in ("heavy_ties", "all_neg_inf", "signed_zeros", "nan_mix", "near_ties"):
         scores = families.make(family, rng, (300, 40_000), "float32")
@@ -188,7 +189,8 @@ def test_filtered_whole_rows_with_masked_rows():
 
 # A queue launch with a block for every row (rows <= the pool of 2 x SMs: 200 on an H200, and
 # few rows kept off the cluster split by JAX_TOPK_FILTERED_SPLIT=off, read at each launch) takes
-# row b in block b with no counter: every family, masked rows, each dtype, top_k's values. Few
+# row b in block b with no counter: every family, masked rows, each dtype, top_k's values (200
+# rows: more than the SMs, so the passes read without L2 prefetches, PassReads::kPlain). Few
 # float32 rows are kept off their own kernels (topk_f32_cluster, topk_f32_rows) too.
 @pytest.mark.parametrize("rows, split", [(200, "on"), (5, "off"), (1, "off")])
 def test_filtered_a_block_a_row(rows, split, monkeypatch):
