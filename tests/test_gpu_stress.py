@@ -362,7 +362,8 @@ def test_filtered_kth_key_at_the_cutoff(dtype, rows):
 @pytest.mark.parametrize("rows", [4, 300])  # split rows (merged into the first block), a queue
 def test_filtered_crowded_bins_of_one_key(dtype, rows):
     """A k-th key with 33 to 256 ties (a 16-bit row's relative bins hold one key each, so such a
-    bin is gathered as it settles; float32's are ranked by the block): the group at the cutoff,
+    bin is gathered, or for unsorted results marked, as it settles; float32's are ranked by the
+    block): the group at the cutoff,
     +0.0 with -0.0 (two keys in one bin: the gather fails and the block ranks them), and normal
     rows rounded to the row's type (~40-80 ties at the k-th of 131072 bfloat16 values); indices
     and values, both orders, k and k - 5."""

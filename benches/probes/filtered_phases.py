@@ -2,14 +2,15 @@
 kernels/filtered/probe.cuh): device time of topk_filtered (unsorted, sorted) and top_k under each
 set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the previous 16-bit
 filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the
-relative bins' first and last never settling the k-th key, 16: rank-order buckets without dense
-key ranks, 32: every queue pass prefetched as before PassReads; benches/NOTES.md "bf16-queue" and
-"the queue pass's reads" timed more, since removed), with --stamps the per-phase times of one call
-of each (2: the kernel's last block prints them), and with --routes the route counts of the test
-families built for those paths (tests/support/families.py). PHASES_VARIANTS and PHASES_STAMPED
-(comma-separated names of VARIANTS) choose the timed and stamped variants. Command buffers are
-off so that every call's launch reads the switches. Run on the GPU from the repo root of a probe
-build: python -m benches.probes.filtered_phases [--stamps] [--routes]"""
+relative bins' first and last never settling the k-th key, 16: rank-order buckets without dense key
+ranks, 32: every queue pass prefetched as before PassReads, 64: crowded one-key bins of bitmap
+winners block-ranked as before; benches/NOTES.md "bf16-queue" and "the queue pass's reads" timed
+more, since removed), with --stamps the per-phase times of one call of each (2: the kernel's last
+block prints them), and with --routes the route counts of the test families built for those paths
+(tests/support/families.py). PHASES_VARIANTS and PHASES_STAMPED (comma-separated names of VARIANTS)
+choose the timed and stamped variants, PHASES_DTYPES the rows' dtypes. Command buffers are off so
+that every call's launch reads the switches. Run on the GPU from the repo root of a probe build:
+python -m benches.probes.filtered_phases [--stamps] [--routes]"""
 
 import ctypes
 import os
@@ -32,6 +33,8 @@ VARIANTS = {
     "old buckets": 16,
     # Every queue pass prefetched as before PassReads (layout.cuh): "the queue pass's reads".
     "old pass reads": 32,
+    # A crowded one-key bin of bitmap winners block-ranked as before: "one-key bins marked".
+    "old marks": 64,
 }
 LIBC = ctypes.CDLL(None)
 STAMPED = tuple(os.environ.get("PHASES_STAMPED", "new").split(","))
@@ -140,7 +143,7 @@ def main():
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     every = list(TIMED)
-    baseline = ["new"] + [v for v in ("old pass reads",) if v in TIMED]
+    baseline = ["new"] + [v for v in ("old pass reads", "old marks") if v in TIMED]
     indexer = [  # the most wanted rows first: a time limit cuts the tail
         ("5536x131072 causal", 5536, 131072, True, jnp.bfloat16, every),
         ("5536x131072 causal", 5536, 131072, True, jnp.float32, every),
@@ -150,6 +153,12 @@ def main():
     ]
     vocab = [(256, 152064, 50, jnp.bfloat16, baseline), (256, 152064, 50, jnp.float32, baseline)]
     later = [("32x131072", 32, 131072, False, jnp.float32, ["new"])]
+    dtypes = os.environ.get("PHASES_DTYPES")  # e.g. "bfloat16,float16": only those rows
+    if dtypes:
+        keep = dtypes.split(",")
+        indexer = [row for row in indexer if jnp.dtype(row[4]).name in keep]
+        vocab = [row for row in vocab if jnp.dtype(row[3]).name in keep]
+        later = [row for row in later if jnp.dtype(row[4]).name in keep]
     for label, rows, n, causal, dtype, variants in indexer:
         sets, calls, lengths = indexer_case(rows, n, causal, dtype)
         timed(label, dtype, sets, calls, floor_us(lengths, dtype, tbps), variants)

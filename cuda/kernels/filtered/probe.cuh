@@ -24,6 +24,7 @@ enum ProbeFlag : int {
   kProbeOldBinEdges = 8,   // the first and last relative bins never settle the k-th key
   kProbeOldBuckets = 16,   // rank-order buckets by key - lowest key, never by dense key ranks
   kProbeOldPassReads = 32,  // every queue pass prefetched, none staged or plain (PassReads)
+  kProbeOldMarks = 64,      // a crowded one-key bin of bitmap winners ranked, not marked at once
 };
 
 enum ProbePhase : int {
@@ -48,6 +49,7 @@ enum ProbeCounter : int {
   kCountBlockRank,    // ... by the block (33 to kBlockRankMembers members)
   kCountOneKeyBin,    // ... read off a crowded bin of one key
   kCountGatheredBin,  // ... of those, with the winners gathered in the same pass
+  kCountMarkedBin,    // ... or marked in the same pass
   kCountDigitRank,    // ... by three radix digits
   kCountTieBlock,     // tie quota by the block
   kCountTieBitmap,    // tie quota by a bitmap of the tie group's columns
@@ -136,14 +138,14 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   printf(
       "probe grid=%u rows=%llu us/row/block: queue %.2f sample %.2f + %.2f claim %.2f pass %.2f "
       "select %.2f put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu "
-      "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu) digits %llu; ties "
+      "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu, marked %llu) digits %llu; ties "
       "block %llu bitmap %llu digits %llu; dense-rank buckets %llu, spills %llu; kept/row %.0f\n",
       gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3,
       ns[kPhaseSampleCoarse] / rows / 1e3, ns[kPhaseSample] / rows / 1e3,
       ns[kPhaseClaim] / rows / 1e3, ns[kPhasePass] / rows / 1e3, ns[kPhaseSelect] / rows / 1e3,
       ns[kPhasePut] / rows / 1e3, ns[kPhaseExact] / rows / 1e3, ns[kPhaseWrite] / rows / 1e3,
       ns[kPhaseTail] / 1e3, counts[kCountSecondary], counts[kCountExact], counts[kCountWarpRank],
-      counts[kCountBlockRank], counts[kCountOneKeyBin], counts[kCountGatheredBin],
+      counts[kCountBlockRank], counts[kCountOneKeyBin], counts[kCountGatheredBin], counts[kCountMarkedBin],
       counts[kCountDigitRank], counts[kCountTieBlock], counts[kCountTieBitmap],
       counts[kCountTieDigits], counts[kCountDenseRanks], counts[kCountBucketSpill],
       counts[kCountKept] / rows);

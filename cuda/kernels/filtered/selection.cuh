@@ -222,7 +222,7 @@ struct RankValue {
   int group;
   bool all;
   int total;                  // the items taking part
-  int gathered = -1;          // >= 0: the winners are in s.work.selected already (GatherOneKeyBin)
+  int put = -1;               // >= 0: the winners are put already (GatherOneKeyBin, MarkOneKeyBin)
   uint32_t column_limit = 0;  // ... and the last of them of `value` is at this column
 };
 template <class Source, class Project>
@@ -454,8 +454,8 @@ static_assert(kGatherBitmapAt * sizeof(uint32_t) == sizeof(SharedStorage::work.s
 // one block scan of the bitmap appends its rank - found.above lowest columns. A bfloat16 row's
 // usual route (its k-th key has ~1000 ties: benches/NOTES.md "bf16-bin0"), in one pass where
 // OneKeyInBin, NthColumnOfKey and GatherWinners take three. Returns the rank value with
-// `gathered` = rank, or with gathered = -1 when the bin holds more than one key (then only s.work
-// has changed). A barrier follows.
+// `put` = rank, or with put = -1 when the bin holds more than one key (then only s.work has
+// changed). A barrier follows.
 __device__ __forceinline__ RankValue GatherOneKeyBin(SharedStorage& s,
                                                      const CandidateSource& source,
                                                      const RelativeBins& bins,
@@ -525,11 +525,84 @@ __device__ __forceinline__ RankValue GatherOneKeyBin(SharedStorage& s,
           rank,        s.found[0].bin};
 }
 
+// GatherOneKeyBin's twin for winners marked in s.work.bitmap (unsorted results without values),
+// rows of up to kGatherBitmapColumns columns: the winners' bitmap in the lower half of s.work,
+// the crowded bin's member columns in the upper half. One pass over the candidates takes the
+// bin's lowest and highest key, marks the bins above it as winners and the bin's members apart;
+// when the bin holds one key, one block scan of the members' bitmap adds its rank - found.above
+// lowest columns to the winners. Where the bin was block-ranked, its tie quota ranked by the
+// block again and every winner marked in a third pass (benches/NOTES.md "one-key bins
+// marked"). Returns the rank value with `put` = rank, or put = -1 when the bin holds more than
+// one key (then only s.work has changed: MarkWinners clears what was marked). A barrier follows.
+__device__ __forceinline__ RankValue MarkOneKeyBin(SharedStorage& s, const CandidateSource& source,
+                                                   const RelativeBins& bins, const BinFound& found,
+                                                   int rank, int total, int columns) {
+  uint32_t* const winners = s.work.bitmap;
+  uint32_t* const members = s.work.frontier + kGatherBitmapAt;
+  static_assert(kGatherBitmapColumns / 32 <= kGatherBitmapAt, "the winners below the members");
+  const int words = (columns + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += kThreadsPerBlock) winners[w] = members[w] = 0;
+  if (threadIdx.x == 0) s.bin_key_range = make_uint2(0xFFFFFFFFu, 0u);
+  __syncthreads();
+  source.ForEach([&](uint32_t bits, int32_t col, bool valid) {
+    const uint32_t key = OrderedKeyF32(bits);
+    const uint32_t bin = bins(key);
+    const bool member = valid && bin == found.bin;
+    const uint32_t low = __reduce_min_sync(kFullMask, member ? key : 0xFFFFFFFFu);
+    const uint32_t high = __reduce_max_sync(kFullMask, member ? key : 0u);
+    if (threadIdx.x % kWarpSize == 0 && low <= high) {
+      atomicMin(&s.bin_key_range.x, low);
+      atomicMax(&s.bin_key_range.y, high);
+    }
+    if (member) atomicOr(&members[col / 32], 1u << (col % 32));
+    if (valid && bin > found.bin) atomicOr(&winners[col / 32], 1u << (col % 32));
+  });
+  __syncthreads();
+  const uint2 key_range = s.bin_key_range;
+  if (key_range.x != key_range.y) return {0, 0, 0, false, total};  // block-uniform
+  // This thread's words: its members are the bin's before + 1, before + 2, ... in column order;
+  // it alone writes the winners' words it owns from here on.
+  const int first_word = static_cast<int>(threadIdx.x) * kGatherBitmapWordsPerThread;
+  uint32_t mine[kGatherBitmapWordsPerThread];
+  uint32_t count = 0;
+#pragma unroll
+  for (int q = 0; q < kGatherBitmapWordsPerThread / 4; ++q) {
+    const uint4 four = *reinterpret_cast<const uint4*>(&members[first_word + 4 * q]);
+    mine[4 * q + 0] = four.x;
+    mine[4 * q + 1] = four.y;
+    mine[4 * q + 2] = four.z;
+    mine[4 * q + 3] = four.w;
+  }
+#pragma unroll
+  for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
+    if (first_word + j >= words) mine[j] = 0;  // past the words zeroed above
+    count += __popc(mine[j]);
+  }
+  uint32_t in_bin;
+  uint32_t before = BlockExclusiveSum(s.warp_sums, count, in_bin);
+  const uint32_t quota = static_cast<uint32_t>(rank) - found.above;  // 1 .. found.count
+#pragma unroll
+  for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
+    uint32_t won = 0;
+    for (uint32_t word = mine[j]; word != 0 && before < quota; word &= word - 1, ++before) {
+      won |= word & (~word + 1);  // the lowest member left
+      if (before + 1 == quota) {  // the last winning column of the key
+        s.found[0].bin = static_cast<uint32_t>(first_word + j) * 32 + __ffs(word) - 1;
+      }
+    }
+    if (won != 0) winners[first_word + j] |= won;
+  }
+  __syncthreads();
+  return {key_range.x, static_cast<int>(quota), static_cast<int>(found.count), false, total,
+          rank,        s.found[0].bin};
+}
+
 // The rank-th largest key of candidates kept by `cutoff`, given the sample's largest key: one
 // histogram in relative bins usually leaves the k-th key in a bin of a few candidates, which one
 // warp ranks directly. Otherwise the three-digit selection (the answer never depends on the
-// sample, only the work does). With `to` = kSelected a crowded bin of one key gathers the winners
-// as it settles (GatherOneKeyBin: the result's `gathered`). Bins no wider than the keys' step
+// sample, only the work does). A crowded bin of one key puts the winners as it settles: gathered
+// into s.work.selected (`to` = kSelected, GatherOneKeyBin) or marked in s.work.bitmap (kBitmap,
+// MarkOneKeyBin), the result's `put`. Bins no wider than the keys' step
 // (`key_step_bits`: 16-bit rows) hold one key each (but +-0, and the last bin), so there a bin
 // of 33-256 is gathered too, rather than ranked by the block and then gathered again
 // (benches/NOTES.md "one-key bins of 16-bit rows"); the block ranks it if it holds more keys
@@ -549,18 +622,28 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
   const bool crowded = !ProbeOn(s, kProbeOldSelection);  // bins of 33+ without radix digits
   const bool edges = crowded && !ProbeOn(s, kProbeOldBinEdges);
   const bool gathers = to == WinnersTo::kSelected && s.job.length <= kGatherBitmapColumns;
+  const bool marks = to == WinnersTo::kBitmap && s.job.length <= kGatherBitmapColumns &&
+                     !ProbeOn(s, kProbeOldMarks);
   const bool by_block = crowded && RelativeBins::SettlesInBlock(first.a, edges);
-  const bool gather_first =
-      by_block && gathers && key_step_bits > 0 && relative_bin.shift <= key_step_bits;
+  const bool gather_first = by_block && (gathers || marks) && key_step_bits > 0 &&
+                            relative_bin.shift <= key_step_bits;
   if (!RelativeBins::Settles(first.a, edges) && (!by_block || gather_first)) {
     uint32_t key = 0;
     const bool may_settle = crowded && RelativeBins::MaySettle(first.a, edges);
     if (may_settle && gathers) {
       const RankValue kth = GatherOneKeyBin(s, source, relative_bin, first.a, rank,
                                             static_cast<int>(first.total), s.job.length);
-      if (kth.gathered >= 0) {
+      if (kth.put >= 0) {
         ProbeCount(s, kCountOneKeyBin);
         ProbeCount(s, kCountGatheredBin);
+        return kth;
+      }
+    } else if (may_settle && marks) {
+      const RankValue kth = MarkOneKeyBin(s, source, relative_bin, first.a, rank,
+                                          static_cast<int>(first.total), s.job.length);
+      if (kth.put >= 0) {
+        ProbeCount(s, kCountOneKeyBin);
+        ProbeCount(s, kCountMarkedBin);
         return kth;
       }
     } else if (may_settle && OneKeyInBin(s, source, relative_bin, group_bin, key)) {
@@ -659,7 +742,7 @@ struct Selection {
   bool all;   // at most k valid items: all of them win
   int total;  // the valid items
   int k;
-  int gathered = -1;  // >= 0: that many winners are in s.work.selected already
+  int put = -1;  // >= 0: that many winners are put where `to` says already
   __device__ __forceinline__ int Count() const { return all ? total : k; }  // min(k, total)
 };
 
@@ -668,7 +751,7 @@ struct Selection {
 template <class Source>
 __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& source, int k,
                                                 const RankValue& kth) {
-  if (kth.gathered >= 0) return {{kth.value, kth.column_limit}, false, kth.total, k, kth.gathered};
+  if (kth.put >= 0) return {{kth.value, kth.column_limit}, false, kth.total, k, kth.put};
   Wins wins{0, 0};  // kth.all: every valid key is above 0
   if (!kth.all) {
     wins = {kth.value, 0xFFFFFFFFu};
@@ -731,7 +814,7 @@ __device__ __forceinline__ Selection SelectRow(SharedStorage& s, const RowSource
 template <class Source>
 __device__ __forceinline__ int PutWinners(SharedStorage& s, const Source& source,
                                           const Selection& selection, WinnersTo to, int columns) {
-  if (selection.gathered >= 0) return selection.gathered;  // in s.work.selected (to: kSelected)
+  if (selection.put >= 0) return selection.put;  // gathered or marked as `to` says
   if (to == WinnersTo::kSelected) return GatherWinners(s, source, selection.wins);
   MarkWinners(s, source, selection.wins, 0, columns);
   return selection.Count();
