@@ -447,6 +447,44 @@ static_assert(kGatherBitmapWordsPerThread % 4 == 0, "whole uint4 loads a thread"
 static_assert(kGatherBitmapAt * sizeof(uint32_t) == sizeof(SharedStorage::work.selected),
               "the bitmap right above the winners");
 
+// Folds this warp's members' lowest and highest key into s.bin_key_range (set to
+// (0xFFFFFFFF, 0) before the pass): after it, one key exactly when the two are equal.
+__device__ __forceinline__ void FoldBinKeyRange(SharedStorage& s, bool member, uint32_t key) {
+  const uint32_t low = __reduce_min_sync(kFullMask, member ? key : 0xFFFFFFFFu);
+  const uint32_t high = __reduce_max_sync(kFullMask, member ? key : 0u);
+  if (threadIdx.x % kWarpSize == 0 && low <= high) {
+    atomicMin(&s.bin_key_range.x, low);
+    atomicMax(&s.bin_key_range.y, high);
+  }
+}
+
+// This thread's kGatherBitmapWordsPerThread words of a crowded bin's members' bitmap of `words`
+// words (those past it read as 0: only `words` were zeroed), from word `first`, and their members.
+struct MemberWords {
+  uint32_t word[kGatherBitmapWordsPerThread];
+  int first;
+  uint32_t count;
+};
+__device__ __forceinline__ MemberWords LoadMemberWords(const uint32_t* bitmap, int words) {
+  MemberWords mine;
+  mine.first = static_cast<int>(threadIdx.x) * kGatherBitmapWordsPerThread;
+  mine.count = 0;
+#pragma unroll
+  for (int q = 0; q < kGatherBitmapWordsPerThread / 4; ++q) {
+    const uint4 four = *reinterpret_cast<const uint4*>(&bitmap[mine.first + 4 * q]);
+    mine.word[4 * q + 0] = four.x;
+    mine.word[4 * q + 1] = four.y;
+    mine.word[4 * q + 2] = four.z;
+    mine.word[4 * q + 3] = four.w;
+  }
+#pragma unroll
+  for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
+    if (mine.first + j >= words) mine.word[j] = 0;
+    mine.count += __popc(mine.word[j]);
+  }
+  return mine;
+}
+
 // A crowded relative bin (`found`, holding the rank-th key) settled with the winners gathered into
 // s.work.selected, for rows of up to kGatherBitmapColumns columns: one pass over the candidates
 // takes the bin's lowest and highest key, marks its members' columns in a bitmap and gathers the
@@ -474,12 +512,7 @@ __device__ __forceinline__ RankValue GatherOneKeyBin(SharedStorage& s,
     const uint32_t bin = bins(key);
     const bool member = valid && bin == found.bin;
     const bool above = valid && bin > found.bin;
-    const uint32_t low = __reduce_min_sync(kFullMask, member ? key : 0xFFFFFFFFu);
-    const uint32_t high = __reduce_max_sync(kFullMask, member ? key : 0u);
-    if (threadIdx.x % kWarpSize == 0 && low <= high) {
-      atomicMin(&s.bin_key_range.x, low);
-      atomicMax(&s.bin_key_range.y, high);
-    }
+    FoldBinKeyRange(s, member, key);
     if (member) atomicOr(&bitmap[col / 32], 1u << (col % 32));
     const int position = WarpReserve(&s.selected_count, above);
     if (above) {  // found.above < rank <= kMaxK of them
@@ -491,30 +524,15 @@ __device__ __forceinline__ RankValue GatherOneKeyBin(SharedStorage& s,
   const uint2 key_range = s.bin_key_range;
   if (key_range.x != key_range.y) return {0, 0, 0, false, total};  // block-uniform
   // This thread's words: its members are the bin's before + 1, before + 2, ... in column order.
-  const int first_word = static_cast<int>(threadIdx.x) * kGatherBitmapWordsPerThread;
-  uint32_t mine[kGatherBitmapWordsPerThread];
-  uint32_t count = 0;
-#pragma unroll
-  for (int q = 0; q < kGatherBitmapWordsPerThread / 4; ++q) {
-    const uint4 four = *reinterpret_cast<const uint4*>(&bitmap[first_word + 4 * q]);
-    mine[4 * q + 0] = four.x;
-    mine[4 * q + 1] = four.y;
-    mine[4 * q + 2] = four.z;
-    mine[4 * q + 3] = four.w;
-  }
-#pragma unroll
-  for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
-    if (first_word + j >= words) mine[j] = 0;  // past the words zeroed above
-    count += __popc(mine[j]);
-  }
+  const MemberWords mine = LoadMemberWords(bitmap, words);
   uint32_t members;
-  uint32_t before = BlockExclusiveSum(s.warp_sums, count, members);
+  uint32_t before = BlockExclusiveSum(s.warp_sums, mine.count, members);
   const uint32_t quota = static_cast<uint32_t>(rank) - found.above;  // 1 .. found.count
   const uint32_t key_bits = BitsFromOrderedKeyF32(key_range.x);
 #pragma unroll
   for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
-    for (uint32_t word = mine[j]; word != 0 && before < quota; word &= word - 1, ++before) {
-      const uint32_t col = static_cast<uint32_t>(first_word + j) * 32 + __ffs(word) - 1;
+    for (uint32_t word = mine.word[j]; word != 0 && before < quota; word &= word - 1, ++before) {
+      const uint32_t col = static_cast<uint32_t>(mine.first + j) * 32 + __ffs(word) - 1;
       s.work.selected.bits[found.above + before] = key_bits;
       s.work.selected.col[found.above + before] = col;
       if (before + 1 == quota) s.found[0].bin = col;  // the last winning column of the key
@@ -548,12 +566,7 @@ __device__ __forceinline__ RankValue MarkOneKeyBin(SharedStorage& s, const Candi
     const uint32_t key = OrderedKeyF32(bits);
     const uint32_t bin = bins(key);
     const bool member = valid && bin == found.bin;
-    const uint32_t low = __reduce_min_sync(kFullMask, member ? key : 0xFFFFFFFFu);
-    const uint32_t high = __reduce_max_sync(kFullMask, member ? key : 0u);
-    if (threadIdx.x % kWarpSize == 0 && low <= high) {
-      atomicMin(&s.bin_key_range.x, low);
-      atomicMax(&s.bin_key_range.y, high);
-    }
+    FoldBinKeyRange(s, member, key);
     if (member) atomicOr(&members[col / 32], 1u << (col % 32));
     if (valid && bin > found.bin) atomicOr(&winners[col / 32], 1u << (col % 32));
   });
@@ -562,35 +575,20 @@ __device__ __forceinline__ RankValue MarkOneKeyBin(SharedStorage& s, const Candi
   if (key_range.x != key_range.y) return {0, 0, 0, false, total};  // block-uniform
   // This thread's words: its members are the bin's before + 1, before + 2, ... in column order;
   // it alone writes the winners' words it owns from here on.
-  const int first_word = static_cast<int>(threadIdx.x) * kGatherBitmapWordsPerThread;
-  uint32_t mine[kGatherBitmapWordsPerThread];
-  uint32_t count = 0;
-#pragma unroll
-  for (int q = 0; q < kGatherBitmapWordsPerThread / 4; ++q) {
-    const uint4 four = *reinterpret_cast<const uint4*>(&members[first_word + 4 * q]);
-    mine[4 * q + 0] = four.x;
-    mine[4 * q + 1] = four.y;
-    mine[4 * q + 2] = four.z;
-    mine[4 * q + 3] = four.w;
-  }
-#pragma unroll
-  for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
-    if (first_word + j >= words) mine[j] = 0;  // past the words zeroed above
-    count += __popc(mine[j]);
-  }
+  const MemberWords mine = LoadMemberWords(members, words);
   uint32_t in_bin;
-  uint32_t before = BlockExclusiveSum(s.warp_sums, count, in_bin);
+  uint32_t before = BlockExclusiveSum(s.warp_sums, mine.count, in_bin);
   const uint32_t quota = static_cast<uint32_t>(rank) - found.above;  // 1 .. found.count
 #pragma unroll
   for (int j = 0; j < kGatherBitmapWordsPerThread; ++j) {
     uint32_t won = 0;
-    for (uint32_t word = mine[j]; word != 0 && before < quota; word &= word - 1, ++before) {
+    for (uint32_t word = mine.word[j]; word != 0 && before < quota; word &= word - 1, ++before) {
       won |= word & (~word + 1);  // the lowest member left
       if (before + 1 == quota) {  // the last winning column of the key
-        s.found[0].bin = static_cast<uint32_t>(first_word + j) * 32 + __ffs(word) - 1;
+        s.found[0].bin = static_cast<uint32_t>(mine.first + j) * 32 + __ffs(word) - 1;
       }
     }
-    if (won != 0) winners[first_word + j] |= won;
+    if (won != 0) winners[mine.first + j] |= won;
   }
   __syncthreads();
   return {key_range.x, static_cast<int>(quota), static_cast<int>(found.count), false, total,
