@@ -83,6 +83,40 @@ def test_routes_over_edge_lengths(path, family, k, n):
                 assert (got[row, taken:] == -1).all()
 
 
+def test_kth_logit_shared_by_hundreds(path):
+    """The k-th logit held by 600 candidates and nothing else in its relative bin (a gap below
+    the 1800 logits above it): the crowded one-key bin whose winners are put as it settles
+    (gathered for sorted results, marked for unsorted ones), which must be where PutWinners
+    then looks (cuda/kernels/indexer_topk.cu passes the same `to` to both). Head 0 alone
+    counts (q = e_0, weight 1; the rest weight 0), so a key's logit is relu of its first entry,
+    exact in bfloat16: high keys in [4, 8), the tie at 2, the rest at most 1."""
+    rng = np.random.default_rng(41)
+    queries, n, k = 4, 20000, 2048
+    first = np.concatenate(
+        [
+            rng.uniform(4.0, 8.0, size=1800),
+            np.full(600, 2.0),
+            rng.uniform(-4.0, 1.0, size=n - 2400),
+        ]
+    )
+    keys = np.zeros((n, HEAD_DIM), np.float32)
+    keys[:, 0] = rng.permutation(first)
+    q = np.zeros((queries, HEADS, HEAD_DIM), np.float32)
+    q[:, 0, 0] = 1.0
+    weights = np.zeros((queries, HEADS), np.float32)
+    weights[:, 0] = 1.0
+    q, keys = q.astype(BF16), keys.astype(BF16)
+    lengths = np.array([n, n - 3, n, 15000], np.int32)
+    logits = np.maximum(np.asarray(keys[:, 0], np.float32), 0.0)
+    for sorted_ in (False, True):
+        got = _assert_matches(path, q, keys, weights, lengths, k=k, sorted=sorted_)
+        for row in range(queries):  # and the winners are what the logits say
+            valid = logits[: lengths[row]]
+            order = np.lexsort((np.arange(len(valid)), -valid))[:k]
+            want = order if sorted_ else np.sort(order)
+            np.testing.assert_array_equal(got[row], want)
+
+
 @pytest.mark.parametrize("where", ["sampled", "skipped"])
 def test_sample_fooling_key_order(path, where):
     """The largest logits only in the key tiles the sample takes (it sets the cutoff among

@@ -165,9 +165,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   for (int i = threadIdx.x; i < count; i += kThreadsPerBlock) s.candidates[i] = __ldcg(kept + i);
   __syncthreads();
   const CandidateSource candidates{s.candidates, kSharedCandidates, nullptr, count};
+  const WinnersTo to = JobWinnersTo(s, launch.problem);  // the same `to` for both (selection.cuh)
   const Selection selection =
-      SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, state.largest[row]);
-  const int m = PutWinners(s, candidates, selection, JobWinnersTo(s, launch.problem), s.job.length);
+      SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff, state.largest[row], to);
+  const int m = PutWinners(s, candidates, selection, to, s.job.length);
   WriteRow(s, launch.problem, m);
 }
 

@@ -18,7 +18,8 @@
 // candidates (value bits, column), the first kSharedCandidates in s.candidates and the rest in a
 // global buffer `more`:
 //   const CandidateSource candidates{s.candidates, kSharedCandidates, more, n};
-//   const Selection selection = SelectCandidates(s, candidates, k, /*cutoff=*/0, /*largest=*/0);
+//   const Selection selection =
+//       SelectCandidates(s, candidates, k, /*cutoff=*/0, /*largest=*/0, WinnersTo::kSelected);
 //   const int m = PutWinners(s, candidates, selection, WinnersTo::kSelected, /*columns=*/0);
 //   // m = min(k, n) winners in s.work.selected; WriteWinners (winners.cuh) writes them to
 //   // output row s.job.row.
@@ -788,15 +789,15 @@ __device__ __forceinline__ Selection SettleTies(SharedStorage& s, const Source& 
 // ordered key that kept them (0: none; > 0 lets the relative bins work, given `largest`, the
 // largest key the caller expects, e.g. the sample's): the answer never depends on either, only
 // the work does. PutWinners then puts the winners where the caller wants them: `to`, where they
-// go, lets a crowded bin of one key gather them into s.work.selected as it settles them (kBitmap,
-// the default, never does).
+// go, must be what the caller then passes PutWinners, since a crowded bin of one key puts them
+// there as it settles them (gathered into s.work.selected or marked in s.work.bitmap: the
+// selection's `put`, which PutWinners returns as it is).
 // `key_step_bits`: the candidates' distinct keys of one sign lie at least 2^key_step_bits apart
 // (16-bit rows widened: elements.cuh kKeyStepBits; 0 says nothing).
 __device__ __forceinline__ Selection SelectCandidates(SharedStorage& s,
                                                       const CandidateSource& candidates, int k,
                                                       uint32_t cutoff, uint32_t largest,
-                                                      WinnersTo to = WinnersTo::kBitmap,
-                                                      int key_step_bits = 0) {
+                                                      WinnersTo to, int key_step_bits = 0) {
   return SettleTies(s, candidates, k,
                     FindCandidateRankValue(s, candidates, k, cutoff, largest, to, key_step_bits));
 }
