@@ -138,17 +138,18 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   printf(
       "probe grid=%u rows=%llu us/row/block: queue %.2f sample %.2f + %.2f claim %.2f pass %.2f "
       "select %.2f put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu "
-      "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu, marked %llu) digits %llu; ties "
-      "block %llu bitmap %llu digits %llu; dense-rank buckets %llu, spills %llu; kept/row %.0f\n",
+      "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu, marked %llu) "
+      "digits %llu; ties block %llu bitmap %llu digits %llu; dense-rank buckets %llu, spills "
+      "%llu; kept/row %.0f\n",
       gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3,
       ns[kPhaseSampleCoarse] / rows / 1e3, ns[kPhaseSample] / rows / 1e3,
       ns[kPhaseClaim] / rows / 1e3, ns[kPhasePass] / rows / 1e3, ns[kPhaseSelect] / rows / 1e3,
       ns[kPhasePut] / rows / 1e3, ns[kPhaseExact] / rows / 1e3, ns[kPhaseWrite] / rows / 1e3,
       ns[kPhaseTail] / 1e3, counts[kCountSecondary], counts[kCountExact], counts[kCountWarpRank],
-      counts[kCountBlockRank], counts[kCountOneKeyBin], counts[kCountGatheredBin], counts[kCountMarkedBin],
-      counts[kCountDigitRank], counts[kCountTieBlock], counts[kCountTieBitmap],
-      counts[kCountTieDigits], counts[kCountDenseRanks], counts[kCountBucketSpill],
-      counts[kCountKept] / rows);
+      counts[kCountBlockRank], counts[kCountOneKeyBin], counts[kCountGatheredBin],
+      counts[kCountMarkedBin], counts[kCountDigitRank], counts[kCountTieBlock],
+      counts[kCountTieBitmap], counts[kCountTieDigits], counts[kCountDenseRanks],
+      counts[kCountBucketSpill], counts[kCountKept] / rows);
 #else
   (void)s;
 #endif
