@@ -41,6 +41,52 @@ def test_bf16_families(n, k):
             assert_same_on_both("topk_bf16", scores, lengths, k=k, sorted=sorted_)
 
 
+def winners_spanning(rng, rows, n, k, spans, dtype):
+    """16-bit rows whose k winners' ordered keys span exactly `span` + 1 consecutive keys (its
+    row's), with ties across the span, at its ends and at the k-th key (more copies of the
+    lowest winner key than the quota takes), over positive values below them: the sorted
+    short-row kernel's counting rank (span < 1024) and its radix sort (span >= 1024)."""
+    base = 0x3F80 if dtype == "bfloat16" else 0x3C00  # 1.0
+    out = rng.integers(base - 0x0800, base, size=(rows, n)).astype(np.uint16)
+    for r in range(rows):
+        span = spans[r % len(spans)]
+        columns = rng.permutation(n)[: k + 8]
+        bits = base + rng.integers(0, span + 1, size=k + 8)
+        bits[:2] = [base, base + span]
+        bits[-8:] = base  # ties at the k-th key: its quota cut by column
+        out[r, columns] = bits.astype(np.uint16)
+    return out.view(np.dtype(dtype))
+
+
+@pytest.mark.parametrize("sort_mode", ["default", "radix"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sorted_short_rows_by_key_span(dtype, sort_mode, monkeypatch):
+    """Sorted topk_bf16 (page-transformed) and top_k (values) on rows whose winners span 1-1101
+    keys, against the CPU, bit for bit; also with every row radix-sorted
+    (JAX_TOPK_BF16_SORT=radix, read at each launch)."""
+    if sort_mode == "radix":
+        monkeypatch.setenv("JAX_TOPK_BF16_SORT", "radix")
+    rng = np.random.default_rng(5 if dtype == "bfloat16" else 6)
+    spans = [0, 1, 2, 511, 1022, 1023, 1024, 1025, 1100]
+    n, k = 9000, 512
+    scores = winners_spanning(rng, 4 * len(spans), n, k, spans, dtype)
+    lengths = np.full(len(scores), n, np.int32)
+    lengths[1::5] = rng.integers(k - 3, n, size=len(lengths[1::5]))
+    if dtype == "bfloat16":
+        pages = -(-n // 64)
+        table = np.stack([rng.permutation(pages) for _ in scores]).astype(np.int32)
+        for k_ in (k, 300):
+            assert_same_on_both(
+                "topk_bf16", scores, lengths, k=k_, sorted=True, page_table=table, page_size=64
+            )
+    call = jax.jit(lambda x: jax_topk.top_k(x, k))
+    got = call(jax.device_put(scores, device_for("gpu")))
+    want = call(jax.device_put(scores, device_for("cpu")))
+    for g, w in zip(got, want, strict=True):  # values compared as bits
+        g, w = np.asarray(g), np.asarray(w)
+        np.testing.assert_array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}"))
+
+
 def sample_foolers(rng, rows, n):
     """Periodic rows whose residues hold the largest (or the smallest) values, for every
     small period, so that some phase of any regular sample sees only those."""

@@ -7,7 +7,9 @@
 //  3. RefinePivot: the same over the low bytes under that high byte: the k-th value, exactly.
 //  4. TakeWinners: packed compares (bf16x2, half2) give (greater, equal) bits; one block scan of
 //     their counts gives each thread its output slot and share of the equal quota (lowest first).
-//  5. StoreWinners: staged in column order (sorted=true: a stable block radix sort), then stored.
+//  5. StoreWinners: staged in column order, then stored; sorted=true orders them first: by a
+//     stable counting rank over the winners' keys when k <= 512 and their keys span < 1024
+//     values (RankByKeyCounts), else by a stable block radix sort.
 // Traffic: each score read once (16-byte loads on aligned rows), one coalesced page-transformed
 // store of k int32 per row, and of k 16-bit values beside them when asked; no workspace, no sync.
 // Limits: width <= kMaxBf16Width = 512 * 32, k <= kMaxK (staged in shared memory), rows < 2^31.
@@ -16,6 +18,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include <cub/block/block_radix_sort.cuh>
@@ -79,6 +83,11 @@ using F16Scores = SixteenBitScores<__half2, kNegInfF16Bits, 0x7C00>;
 // 0x007F (bfloat16) or 0x03FF (float16).
 constexpr uint32_t kMaskedKey = 0;
 
+// The counting rank's bins: one per key from the winners' largest down (a bfloat16 row's top 512
+// of 16384 normal scores span ~150 keys; float16's, 8 times as many). A warp's counts are 16-bit.
+constexpr int kRankBins = 1024;
+static_assert(kRankBins == 2 * kThreadsPerRow, "the scan gives each thread two bins");
+
 struct NoSort {
   struct TempStorage {};
 };
@@ -97,6 +106,8 @@ struct RowShared {
   // The winners' keys are staged beside their columns for the sort and for the values (a key
   // turns back into its value's bits); the unsorted indices-only kernel stages columns alone.
   static constexpr bool kStagesKeys = kSorted || kWithValues;
+  // Sorted rows of k <= kThreadsPerRow (one winner a thread) may be ordered by key counts.
+  static constexpr bool kRanksByCount = kSortItemsPerThread == 1;
   // The histograms are dead once the pivot is known, the staged selection once it is read into
   // the sort's registers: each phase reuses the previous one's space (separated by barriers).
   union {
@@ -109,6 +120,9 @@ struct RowShared {
     struct {
       int32_t columns[kMaxK];
       uint16_t keys[kStagesKeys ? kMaxK : 1];
+      // RankByKeyCounts' tables: a warp's count of each key bin, then the bin's first output
+      // slot for that warp (sorted rows of one item a thread only).
+      alignas(4) uint16_t key_bins[kRanksByCount ? kWarpsPerRow : 1][kRanksByCount ? kRankBins : 2];
     } staged;
     typename BlockSort<kSortItemsPerThread>::TempStorage sort;
   };
@@ -118,6 +132,8 @@ struct RowShared {
   int above_high_bin;             // candidates above that bin in value order
   int low_bin;                    // the pivot's raw low byte
   int above_low_bin;              // candidates in the high bin above that low byte
+  uint32_t winners_key_max;       // the staged winners' largest and smallest ordered keys
+  uint32_t winners_key_min;       // (kRanksByCount only; set before LoadRow's barrier)
 };
 
 // A slice lives as raw 16-bit pairs: element 2p in the low half of pairs[p], element 2p + 1 in the
@@ -486,6 +502,78 @@ __device__ __forceinline__ Taken TakeWinners(Shared& shared,
   return {take_bits, position};
 }
 
+// Phase 5's order for sorted rows of one winner a thread whose keys span fewer than kRankBins
+// values: a stable counting sort in one pass. Staged winner t (ascending columns) is thread t's;
+// its bin is key_max - key, so bins ascend as keys descend. Each warp counts its winners a bin
+// (peers by __match_any_sync; a winner's rank among its warp's peers is the lower lanes'), one
+// block scan over (bin, warp) order turns the counts into each warp's first slot in each bin, and
+// slot = that + rank: keys descending, equal keys by ascending column, as the radix sort gives.
+// Three barriers, against the radix sort's four passes of several each. Every thread calls it.
+template <typename Scores, typename Shared>
+__device__ __forceinline__ void RankByKeyCounts(Shared& shared, uint32_t key_max,
+                                                const TopkProblem& problem, int64_t row,
+                                                int32_t* row_out, uint16_t* row_values,
+                                                int selected) {
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int warp = thread >> 5;
+  const int span_words = static_cast<int>(key_max - shared.winners_key_min) / 2 + 1;
+  // A warp's own table: zeroed and filled by the warp alone.
+  uint32_t* const own_words = reinterpret_cast<uint32_t*>(shared.staged.key_bins[warp]);
+  for (int word = lane; word < span_words; word += 32) own_words[word] = 0;
+  __syncwarp();
+  const bool has = thread < selected;
+  const uint32_t key = has ? shared.staged.keys[thread] : 0;
+  const int32_t column = has ? shared.staged.columns[thread] : 0;
+  const uint32_t bin = has ? key_max - key : 0xFFFFFFFFu;  // no winner: a group of its own
+  const uint32_t peers = __match_any_sync(0xFFFFFFFFu, bin);
+  const int rank = __popc(peers & ((1u << lane) - 1));
+  if (has && rank == 0) shared.staged.key_bins[warp][bin] = static_cast<uint16_t>(__popc(peers));
+  __syncthreads();
+
+  // Thread t owns bins 2t and 2t + 1 (one 32-bit word of each warp's table): its winners come
+  // after those of every lower bin, and inside a bin warp by warp.
+  int owned = 0;
+  if (thread < span_words) {
+#pragma unroll
+    for (int w = 0; w < kWarpsPerRow; ++w) {
+      const uint32_t word = reinterpret_cast<const uint32_t*>(shared.staged.key_bins[w])[thread];
+      owned += static_cast<int>((word & 0xFFFFu) + (word >> 16));
+    }
+  }
+  const int inclusive = WarpInclusiveSum(owned);
+  if (lane == 31) shared.warp_counts[warp] = inclusive;
+  __syncthreads();
+  const int lower_warp_count = lane < warp ? shared.warp_counts[lane] : 0;
+  int next_slot = static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) + inclusive -
+                  owned;
+  if (thread < span_words) {  // each count becomes its first slot: bin 2t warp by warp, then 2t + 1
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int w = 0; w < kWarpsPerRow; ++w) {
+        uint16_t& bin_of_warp = shared.staged.key_bins[w][2 * thread + half];
+        const int count = bin_of_warp;
+        bin_of_warp = static_cast<uint16_t>(next_slot);
+        next_slot += count;
+      }
+    }
+  }
+  __syncthreads();
+
+  const int32_t* table_row = PageTableRow(problem, row);
+  if (has) {
+    const int slot = shared.staged.key_bins[warp][bin] + rank;
+    row_out[slot] = PageTransform(column, table_row, problem.log2_page_size);
+    if constexpr (Shared::kWithValues) row_values[slot] = BitsFromOrderedKeyBf16(key);
+  }
+  // k <= kThreadsPerRow: one slot a thread at most.
+  if (thread >= selected && thread < problem.k) {
+    row_out[thread] = kEmptySlot;
+    if constexpr (Shared::kWithValues) row_values[thread] = Scores::kNegInfBits;
+  }
+}
+
 // Phase 5, stage and store: the winners are staged in shared memory in ascending column order
 // (with their keys for sorted=true, which adds a stable block radix sort, and for the values),
 // then stored to the row's k slots, page-transformed and coalesced, padded with kEmptySlot; each
@@ -495,7 +583,8 @@ template <typename Scores, int kElemsPerThread, typename Shared>
 __device__ __forceinline__ void StoreWinners(Shared& shared,
                                              const RowSlice<Scores, kElemsPerThread>& slice,
                                              Taken taken, const TopkProblem& problem, int64_t row,
-                                             int32_t* row_out, uint16_t* row_values, int selected) {
+                                             int32_t* row_out, uint16_t* row_values, int selected,
+                                             bool may_rank_by_count) {
   constexpr int kSortItemsPerThread = Shared::kSortItems;
   constexpr int kPairsPerThread = kElemsPerThread / 2;
   const int thread = threadIdx.x;
@@ -508,17 +597,31 @@ __device__ __forceinline__ void StoreWinners(Shared& shared,
       shared.staged.columns[position++] = first_column + __ffs(take_bits) - 1;
     }
   } else {
+    uint32_t key_max = 0;
+    uint32_t key_min = 0xFFFFu;
 #pragma unroll
     for (int pair = 0; pair < kPairsPerThread; ++pair) {
       if (take_bits & (1u << (2 * pair))) {
+        const uint32_t key = OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair]));
         shared.staged.columns[position] = first_column + 2 * pair;
-        shared.staged.keys[position++] =
-            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair])));
+        shared.staged.keys[position++] = static_cast<uint16_t>(key);
+        key_max = max(key_max, key);
+        key_min = min(key_min, key);
       }
       if (take_bits & (2u << (2 * pair))) {
+        const uint32_t key = OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair] >> 16));
         shared.staged.columns[position] = first_column + 2 * pair + 1;
-        shared.staged.keys[position++] =
-            static_cast<uint16_t>(OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair] >> 16)));
+        shared.staged.keys[position++] = static_cast<uint16_t>(key);
+        key_max = max(key_max, key);
+        key_min = min(key_min, key);
+      }
+    }
+    if constexpr (Shared::kRanksByCount) {
+      key_max = __reduce_max_sync(0xFFFFFFFFu, key_max);
+      key_min = __reduce_min_sync(0xFFFFFFFFu, key_min);
+      if ((thread & 31) == 0) {
+        atomicMax(&shared.winners_key_max, key_max);
+        atomicMin(&shared.winners_key_min, key_min);
       }
     }
   }
@@ -537,6 +640,14 @@ __device__ __forceinline__ void StoreWinners(Shared& shared,
       }
     }
   } else {
+    if constexpr (Shared::kRanksByCount) {
+      // Block-uniform: read after the staging barrier.
+      const uint32_t key_max = shared.winners_key_max;
+      if (may_rank_by_count && selected > 0 && key_max - shared.winners_key_min < kRankBins) {
+        RankByKeyCounts<Scores>(shared, key_max, problem, row, row_out, row_values, selected);
+        return;
+      }
+    }
     // Blocked arrangement = staged (ascending column) order, and the radix sort is stable, so
     // equal keys keep ascending columns. Padding keys (kMaskedKey) sort after every real key.
     uint32_t sort_keys[kSortItemsPerThread];
@@ -572,7 +683,7 @@ __device__ __forceinline__ void StoreWinners(Shared& shared,
 // template flag, so the indices-only kernels keep their code and shared memory).
 template <typename Scores, int kElemsPerThread, int kSortItemsPerThread, bool kWithValues>
 __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerThread>())
-    TopkBf16Kernel(const TopkProblem problem) {
+    TopkBf16Kernel(const TopkProblem problem, const bool may_rank_by_count) {
   __shared__ RowShared<kSortItemsPerThread, kWithValues> shared;
   const int64_t row = blockIdx.x;
   const int k = problem.k;
@@ -588,25 +699,33 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
   const int length =
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
                                                   : problem.width);
+  if (kSortItemsPerThread == 1 && threadIdx.x == 0) {  // published by LoadRow's barrier
+    shared.winners_key_max = 0;
+    shared.winners_key_min = 0xFFFFu;
+  }
   RowSlice<Scores, kElemsPerThread> slice;
   LoadRow(shared, problem, row, length, slice);
   const int candidates = FindHighBin(shared, slice, length, k);
   const Pivot pivot = RefinePivot(shared, slice, length, k, candidates);
   const Taken taken = TakeWinners(shared, slice, pivot);
   StoreWinners(shared, slice, taken, problem, row, row_out, row_values,
-               candidates < k ? candidates : k);
+               candidates < k ? candidates : k, may_rank_by_count);
 }
 
 template <typename Scores, int kElemsPerThread, int kSortItemsPerThread>
 void LaunchKernel(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(problem.rows));
   const dim3 block(kThreadsPerRow);
+  // Benchmarks and tests: JAX_TOPK_BF16_SORT=radix orders every sorted row by the radix sort
+  // (read at each launch).
+  const char* const sort_mode = std::getenv("JAX_TOPK_BF16_SORT");
+  const bool may_rank_by_count = sort_mode == nullptr || std::strcmp(sort_mode, "radix") != 0;
   if (problem.values != nullptr) {
     TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, true>
-        <<<grid, block, 0, stream>>>(problem);
+        <<<grid, block, 0, stream>>>(problem, may_rank_by_count);
   } else {
     TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, false>
-        <<<grid, block, 0, stream>>>(problem);
+        <<<grid, block, 0, stream>>>(problem, may_rank_by_count);
   }
 }
 

@@ -226,6 +226,17 @@ def main():
             rng.standard_normal((8, 4096), np.float32).astype(jax.numpy.bfloat16),
             dict(k=2048, sorted=True),
         ),
+        # Sorted rows of k <= 512: ordered by key counts (short spans) or the radix sort.
+        (
+            jax_topk.topk_bf16,
+            (
+                rng.standard_normal((24, 16383), np.float32)
+                * np.where(
+                    np.arange(24)[:, None] < 12, 1.0, 10.0 ** rng.uniform(-30, 30, (24, 16383))
+                )
+            ).astype(jax.numpy.bfloat16),
+            dict(k=512, sorted=True, page_size=64),
+        ),
         # NaN rows (the kernel's rewrite path) and rows of signed zeros (its zero-pivot path).
         (jax_topk.topk_bf16, _nan_and_zero_rows(rng, 12, 9001), dict(k=512)),
         (jax_topk.topk_filtered, rng.standard_normal((3, 100_003), np.float32), dict(k=2048)),
