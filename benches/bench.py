@@ -150,6 +150,9 @@ def gpu_shapes() -> list[Shape]:
         for b in (1, 8, 64, 256)
     ]
     shapes += [Shape("top_k", "float32", t, 256, 8, "full") for t in (4096, 65536)]  # MoE
+    shapes += [  # short 16-bit rows (retrieval, reranking): the short-row kernel, sorted
+        Shape("top_k", dtype, 2048, 16384, 64, "full") for dtype in ("bfloat16", "float16")
+    ]
     shapes += [  # 16-bit indexer rows, values and indices; k above the kernels' 2048
         Shape("top_k", "bfloat16", 5536, 131072, 2048, "causal"),
         Shape("top_k", "bfloat16", 32, 131072, 2048, "full"),

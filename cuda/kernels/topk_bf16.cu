@@ -717,7 +717,7 @@ void LaunchKernel(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(problem.rows));
   const dim3 block(kThreadsPerRow);
   // Benchmarks and tests: JAX_TOPK_BF16_SORT=radix orders every sorted row by the radix sort
-  // (read at each launch).
+  // (read at each launch; a launch captured in a command buffer keeps the mode of its capture).
   const char* const sort_mode = std::getenv("JAX_TOPK_BF16_SORT");
   const bool may_rank_by_count = sort_mode == nullptr || std::strcmp(sort_mode, "radix") != 0;
   if (problem.values != nullptr) {
