@@ -1,9 +1,12 @@
 """`jax_topk.top_k`, the drop-in for `jax.lax.top_k` (docs/contract.md section 7).
 
-`route` is the whole dispatch decision: which kernel serves a row of this dtype, length
-and k. The routes differ in speed only; every one gives the contract's result bit for bit
-(on the CPU they all run the one CPU algorithm). The values' JVP is jax.lax.top_k's:
-the operand's tangent gathered at the indices, zero in empty (-1) slots.
+`route` is the whole dispatch decision between targets: which kernel serves a row of this
+dtype, length and k. Inside two targets' CUDA handlers a launch may still go to a sibling
+kernel by row count and width (kernels/topk_cuda.h says when): k = 1 to topk_argmax, few
+long rows to the cluster or register-row kernels. The routes differ in speed only; every one
+gives the contract's result bit for bit (on the CPU they all run the one CPU algorithm).
+The values' JVP is jax.lax.top_k's: the operand's tangent gathered at the indices, zero in
+empty (-1) slots.
 
 k above the kernels' 2048 takes them in rounds (`_select_in_rounds`): ranks 1..2048, then
 2049..4096 of the row with the first round's winners masked out, and so on. The contract's

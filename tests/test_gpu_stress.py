@@ -87,6 +87,47 @@ def test_sorted_short_rows_by_key_span(dtype, sort_mode, monkeypatch):
         np.testing.assert_array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}"))
 
 
+def _bits(array):
+    array = np.asarray(array)
+    return array.view(f"u{array.itemsize}")
+
+
+@pytest.mark.parametrize("argmax_mode", ["default", "always", "off"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "rows, n",
+    [(300, 4097), (300, 4096), (40, 16384), (270, 40000), (4, 70001), (2, 1)],
+)
+def test_k1_rows(rows, n, dtype, argmax_mode, monkeypatch):
+    """k = 1 (topk_argmax where TopkArgmaxServes: rows of <= 16384 columns, or at least 128
+    float32 rows; on every k = 1 call with JAX_TOPK_ARGMAX=always, none with =off) against the
+    CPU, bit for bit: every value family, lengths below 0, 0, 1 and past n, rows past
+    num_valid_rows, page tables, rows that start off a 16-byte boundary (odd n), topk_filtered,
+    topk_bf16 and top_k's values."""
+    if argmax_mode != "default":
+        monkeypatch.setenv("JAX_TOPK_ARGMAX", argmax_mode)
+    rng = np.random.default_rng(rows * 7 + n + len(dtype))
+    names = sorted(families.FAMILIES)
+    scores = np.concatenate(
+        [families.make(name, rng, (rows // len(names) + 1, n), dtype) for name in names]
+    )[rng.permutation(rows)]
+    lengths = families.edge_lengths(1, n, rows, rng)
+    lengths[-1] = n
+    ops = ["topk_filtered"] + (["topk_bf16"] if dtype == "bfloat16" and n <= 16384 else [])
+    for op in ops:
+        assert_same_on_both(op, scores, lengths, k=1)
+        assert_same_on_both(op, scores, lengths, k=1, num_valid_rows=np.int32(rows // 2))
+        if n >= 64:
+            pages = -(-n // 64)
+            table = np.stack([rng.permutation(pages) for _ in range(rows)]).astype(np.int32)
+            assert_same_on_both(op, scores, lengths, k=1, page_table=table, page_size=64)
+    call = jax.jit(lambda x, lens: jax_topk.top_k(x, 1, lengths=lens))
+    got = call(*jax.device_put((scores, lengths), device_for("gpu")))
+    want = call(*jax.device_put((scores, lengths), device_for("cpu")))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
 def sample_foolers(rng, rows, n):
     """Periodic rows whose residues hold the largest (or the smallest) values, for every
     small period, so that some phase of any regular sample sees only those."""

@@ -762,6 +762,7 @@ cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream) {
       (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
     return cudaErrorInvalidValue;
   }
+  if (TopkArgmaxServes(problem)) return LaunchTopkArgmax(problem, stream);
   switch (problem.score_type) {
     case ScoreType::kBfloat16:
       return LaunchForScores<Bf16Scores>(problem, stream);

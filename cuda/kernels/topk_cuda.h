@@ -43,6 +43,16 @@ cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 // launch, JAX_TOPK_F32_CLUSTER_PARTS=2 to 16 the cluster size (benchmarks, tests). =only is
 // =always, and a call it cannot take fails (TopkF32ClusterRequired): a test that forces it then
 // cannot pass on another kernel's bits.
+// topk_argmax: k = 1 of float32, bfloat16 or float16 rows of any width, a 256-thread block a row
+// reading it once. LaunchTopkFiltered and LaunchTopkBf16 hand it the k = 1 calls
+// TopkArgmaxServes (rows of at most kArgmaxAnyRowsWidth columns, or at least kArgmaxMinRows
+// float32 rows); JAX_TOPK_ARGMAX=off or =always overrides that at each launch (benchmarks,
+// tests).
+constexpr int64_t kArgmaxMinRows = 128;
+constexpr int64_t kArgmaxAnyRowsWidth = 16384;
+bool TopkArgmaxServes(const TopkProblem& problem);
+cudaError_t LaunchTopkArgmax(const TopkProblem& problem, cudaStream_t stream);
+
 constexpr int64_t kF32ClusterMaxWidth = 262144;
 constexpr int64_t kF32ClusterMaxWidth16 = 196608;
 bool TopkF32ClusterServes(const TopkProblem& problem);

@@ -13,7 +13,8 @@
 // Modes (launch_plan.cuh picks): a queue of rows for a pool of workers (queue_worker.cuh), or a
 // thread block cluster per row whose blocks add up their histograms (cluster_split.cuh).
 // Traffic: the sample (<= 1/8 of the row) + one read. Limits: width < 2^31, k <= kMaxK.
-// Few rows of at most kF32ClusterMaxWidth float32 (kF32ClusterMaxWidth16 16-bit) columns go to
+// k = 1 goes to topk_argmax.cu where TopkArgmaxServes says so. Few rows of at most
+// kF32ClusterMaxWidth float32 (kF32ClusterMaxWidth16 16-bit) columns go to
 // topk_f32_cluster.cu instead, and some more float32 rows of at most kF32RowsMaxWidth columns to
 // topk_f32_rows.cu.
 #include <climits>
@@ -32,6 +33,7 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
       workspace == nullptr || workspace_bytes < kFilteredMinWorkspaceBytes) {
     return cudaErrorInvalidValue;
   }
+  if (TopkArgmaxServes(problem)) return LaunchTopkArgmax(problem, stream);
   if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
   if (TopkF32ClusterRequired()) return cudaErrorNotSupported;  // tests: it alone, or an error
   switch (problem.score_type) {
