@@ -46,8 +46,8 @@ cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 // topk_argmax: k = 1 of float32, bfloat16 or float16 rows of any width, a 256-thread block a row
 // reading it once. LaunchTopkFiltered and LaunchTopkBf16 hand it the k = 1 calls
 // TopkArgmaxServes (rows of at most kArgmaxAnyRowsWidth columns, or at least kArgmaxMinRows
-// float32 rows); JAX_TOPK_ARGMAX=off or =always overrides that at each launch (benchmarks,
-// tests).
+// float32 rows; none where JAX_TOPK_F32_CLUSTER or JAX_TOPK_F32_ROWS forces a sibling kernel);
+// JAX_TOPK_ARGMAX=off or =always overrides that at each launch (benchmarks, tests).
 constexpr int64_t kArgmaxMinRows = 128;
 constexpr int64_t kArgmaxAnyRowsWidth = 16384;
 bool TopkArgmaxServes(const TopkProblem& problem);
