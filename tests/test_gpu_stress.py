@@ -79,17 +79,7 @@ def test_sorted_short_rows_by_key_span(dtype, sort_mode, monkeypatch):
             assert_same_on_both(
                 "topk_bf16", scores, lengths, k=k_, sorted=True, page_table=table, page_size=64
             )
-    call = jax.jit(lambda x: jax_topk.top_k(x, k))
-    got = call(jax.device_put(scores, device_for("gpu")))
-    want = call(jax.device_put(scores, device_for("cpu")))
-    for g, w in zip(got, want, strict=True):  # values compared as bits
-        g, w = np.asarray(g), np.asarray(w)
-        np.testing.assert_array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}"))
-
-
-def _bits(array):
-    array = np.asarray(array)
-    return array.view(f"u{array.itemsize}")
+    assert_top_k_same_bits(scores, k, None, True)
 
 
 @pytest.mark.parametrize("argmax_mode", ["default", "always", "off"])
@@ -121,11 +111,7 @@ def test_k1_rows(rows, n, dtype, argmax_mode, monkeypatch):
             pages = -(-n // 64)
             table = np.stack([rng.permutation(pages) for _ in range(rows)]).astype(np.int32)
             assert_same_on_both(op, scores, lengths, k=1, page_table=table, page_size=64)
-    call = jax.jit(lambda x, lens: jax_topk.top_k(x, 1, lengths=lens))
-    got = call(*jax.device_put((scores, lengths), device_for("gpu")))
-    want = call(*jax.device_put((scores, lengths), device_for("cpu")))
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(_bits(g), _bits(w))
+    assert_top_k_same_bits(scores, 1, lengths, True)
 
 
 def sample_foolers(rng, rows, n):

@@ -153,16 +153,6 @@ __global__ void __launch_bounds__(kThreads) TopkArgmaxKernel(const TopkProblem p
   if (problem.values != nullptr) Scores::WriteValue(problem.values, row, key);
 }
 
-// Whether the environment forces a sibling kernel on the launch (JAX_TOPK_F32_CLUSTER=always or
-// =only, JAX_TOPK_F32_ROWS=always): its tests and benchmarks then get that kernel, at k = 1 too.
-bool SiblingForced() {
-  const char* const cluster = std::getenv("JAX_TOPK_F32_CLUSTER");
-  const char* const rows = std::getenv("JAX_TOPK_F32_ROWS");
-  return (cluster != nullptr &&
-          (std::strcmp(cluster, "always") == 0 || std::strcmp(cluster, "only") == 0)) ||
-         (rows != nullptr && std::strcmp(rows, "always") == 0);
-}
-
 }  // namespace
 
 bool TopkArgmaxServes(const TopkProblem& problem) {
@@ -172,7 +162,6 @@ bool TopkArgmaxServes(const TopkProblem& problem) {
   const char* mode = std::getenv("JAX_TOPK_ARGMAX");
   if (mode != nullptr && std::strcmp(mode, "off") == 0) return false;
   if (mode != nullptr && std::strcmp(mode, "always") == 0) return true;
-  if (SiblingForced()) return false;
   // Measured (benches/NOTES.md "top_k off the grid"): rows of <= 16384 columns are one read
   // whatever their number (3-9x faster than the other kernels); longer float32 rows when there
   // are enough of them to keep HBM busy 32 KB a block at a time; fewer long rows, and long 16-bit

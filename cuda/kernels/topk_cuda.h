@@ -33,6 +33,7 @@ cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream)
 // overrides that at each launch, for benchmarks and tests).
 constexpr int kF32RowsMaxWidth = 32768;
 bool TopkF32RowsServes(const TopkProblem& problem);
+bool TopkF32RowsForced();  // JAX_TOPK_F32_ROWS=always
 cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 
 // topk_f32_cluster: a thread block cluster of 8 to 16 blocks per row of width <=
@@ -46,8 +47,9 @@ cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 // topk_argmax: k = 1 of float32, bfloat16 or float16 rows of any width, a 256-thread block a row
 // reading it once. LaunchTopkFiltered and LaunchTopkBf16 hand it the k = 1 calls
 // TopkArgmaxServes (rows of at most kArgmaxAnyRowsWidth columns, or at least kArgmaxMinRows
-// float32 rows; none where JAX_TOPK_F32_CLUSTER or JAX_TOPK_F32_ROWS forces a sibling kernel);
-// JAX_TOPK_ARGMAX=off or =always overrides that at each launch (benchmarks, tests).
+// float32 rows); JAX_TOPK_ARGMAX=off or =always overrides that at each launch (benchmarks,
+// tests). LaunchTopkFiltered asks it only when no sibling is forced (TopkF32ClusterForced,
+// TopkF32RowsForced), so their tests get their own kernel at k = 1 too.
 constexpr int64_t kArgmaxMinRows = 128;
 constexpr int64_t kArgmaxAnyRowsWidth = 16384;
 bool TopkArgmaxServes(const TopkProblem& problem);
@@ -57,6 +59,7 @@ constexpr int64_t kF32ClusterMaxWidth = 262144;
 constexpr int64_t kF32ClusterMaxWidth16 = 196608;
 bool TopkF32ClusterServes(const TopkProblem& problem);
 bool TopkF32ClusterRequired();
+bool TopkF32ClusterForced();  // JAX_TOPK_F32_CLUSTER=always or =only
 cudaError_t LaunchTopkF32Cluster(const TopkProblem& problem, cudaStream_t stream);
 
 }  // namespace jax_topk

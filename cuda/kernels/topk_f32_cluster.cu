@@ -787,6 +787,11 @@ void Launch(const TopkProblem& problem, int parts, cudaStream_t stream) {
 
 }  // namespace
 
+bool TopkF32ClusterForced() {
+  const char* mode = Mode("JAX_TOPK_F32_CLUSTER");
+  return mode != nullptr && std::strcmp(mode, "off") != 0;
+}
+
 bool TopkF32ClusterRequired() {
   const char* mode = Mode("JAX_TOPK_F32_CLUSTER");
   return mode != nullptr && std::strcmp(mode, "only") == 0;

@@ -208,12 +208,17 @@ void Launch(const TopkProblem& problem, cudaStream_t stream) {
 
 }  // namespace
 
+bool TopkF32RowsForced() {
+  const char* mode = std::getenv("JAX_TOPK_F32_ROWS");
+  return mode != nullptr && std::strcmp(mode, "always") == 0;
+}
+
 bool TopkF32RowsServes(const TopkProblem& problem) {
   if (problem.score_type != ScoreType::kFloat32 || problem.width > kF32RowsMaxWidth) return false;
   // Benchmarks and tests: "off" or "always" (every call it can take), read at each launch.
   const char* mode = std::getenv("JAX_TOPK_F32_ROWS");
   if (mode != nullptr && std::strcmp(mode, "off") == 0) return false;
-  if (mode != nullptr && std::strcmp(mode, "always") == 0) return true;
+  if (TopkF32RowsForced()) return true;
   // Measured on the H200 (benches/NOTES.md "topk_f32_rows"): a block radix sort of the winners
   // costs more than the filtered kernel's whole call; past 264 rows of 16384 columns (132 of
   // 32768, one wave) the filtered kernel's queue streams more rows an SM; and under 48 rows of
