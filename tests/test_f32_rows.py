@@ -26,13 +26,16 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def register_kernel_always(monkeypatch):
-    monkeypatch.setenv("JAX_TOPK_F32_ROWS", "always")
+# "always": the block shape by the rule (1024 threads for these few rows); "many": the 256-thread
+# block wherever the row fits it (at most 8192 columns), as the rule picks for many rows.
+@pytest.fixture(autouse=True, params=["always", "many"])
+def register_kernel_always(request, monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_ROWS", request.param)
 
 
-# Slices of 8, 16 and 32 columns a thread: the widths at and past each boundary.
-WIDTHS = [5, 2049, 4096, 8192, 8193, 12347, 16384, 16385, 32767, 32768]
+# Slices of 4 (256-thread block only), 8, 16 and 32 columns a thread: the widths at and past each
+# boundary of both block shapes.
+WIDTHS = [5, 1024, 1025, 2049, 4096, 8192, 8193, 12347, 16384, 16385, 32767, 32768]
 
 
 def same_on_both(op, scores, lengths, **kwargs):
@@ -72,7 +75,7 @@ def test_families(n, k):
             same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
 
 
-@pytest.mark.parametrize("n", [4097, 20000, 32768])
+@pytest.mark.parametrize("n", [4097, 8192, 20000, 32768])
 def test_sample_foolers_and_crowded_cutoffs(n):
     rng = np.random.default_rng(n)
     for make in (sample_foolers, one_coarse_bin, crowded_rows):
@@ -148,6 +151,23 @@ def check_top_k_values(family, shape, k):
 @pytest.mark.parametrize("family", ["normal", "heavy_ties", "signed_zeros", "denormals", "nan_mix"])
 def test_top_k_values(family):
     check_top_k_values(family, (4, 30000), 2048)
+
+
+@pytest.mark.parametrize("n", [1000, 2049, 8192])
+def test_many_rows_by_the_rule(n, monkeypatch):
+    """More rows than kF32RowsManyMinRows take the 256-thread block by the default rule, unsorted
+    and sorted up to 256 winners (the filtered kernel above that): both give the CPU's bits."""
+    monkeypatch.delenv("JAX_TOPK_F32_ROWS")
+    rng = np.random.default_rng(n)
+    scores = np.concatenate(
+        [families.make(family, rng, (28, n), "float32") for family in sorted(families.FAMILIES)]
+    )
+    rows = len(scores)  # 308, every value family
+    lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+    for k, sorted_ in ((64, True), (256, True), (257, True), (512, False), (1, False)):
+        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+    check_top_k_values("nan_mix", (rows, n), 64)
+    check_top_k_values("heavy_ties", (rows, n), 200)
 
 
 def test_filtered_kernel_short_float32_rows_when_switched_off():

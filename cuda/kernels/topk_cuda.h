@@ -27,13 +27,16 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
 // cudaErrorInvalidValue). Writes `values` too when it is not null.
 cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream);
 
-// topk_f32_rows: a 1024-thread block per float32 row of width <= kF32RowsMaxWidth, the row in
-// its registers; LaunchTopkFiltered hands it the calls TopkF32RowsServes (the row counts and
-// widths where it measured faster; the environment variable JAX_TOPK_F32_ROWS=off or =always
-// overrides that at each launch, for benchmarks and tests).
+// topk_f32_rows: a block per float32 row of width <= kF32RowsMaxWidth, the row in its registers
+// (1024 threads; 256 for more than kF32RowsManyMinRows rows of at most kF32RowsManyMaxWidth
+// columns); LaunchTopkFiltered hands it the calls TopkF32RowsServes (the row counts and widths
+// where it measured faster; the environment variable JAX_TOPK_F32_ROWS=off, =always, =wide or
+// =many overrides that at each launch, for benchmarks and tests).
 constexpr int kF32RowsMaxWidth = 32768;
+constexpr int kF32RowsManyMaxWidth = 8192;
+constexpr int kF32RowsManyMinRows = 132;
 bool TopkF32RowsServes(const TopkProblem& problem);
-bool TopkF32RowsForced();  // JAX_TOPK_F32_ROWS=always
+bool TopkF32RowsForced();  // JAX_TOPK_F32_ROWS=always, =wide or =many
 cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 
 // topk_f32_cluster: a thread block cluster of 8 to 16 blocks per row of width <=

@@ -1,7 +1,7 @@
-// topk_f32_rows: exact top-k of float32 rows of at most kF32RowsMaxWidth columns, one 1024-thread
-// block a row, the row held in registers (topk_filtered's kernel for few such rows: its sample,
-// pass and selection are a chain of dependent global-memory phases, where here one load of the
-// row feeds every phase from registers). Per row:
+// topk_f32_rows: exact top-k of float32 rows of at most kF32RowsMaxWidth columns, one block a row
+// (1024 threads; 256 when many rows share the SMs), the row held in registers
+// (topk_filtered's kernel for such rows: its sample, pass and selection are a chain of dependent
+// global-memory phases, where here one load of the row feeds every phase from registers). Per row:
 //  1. LoadRow: thread t keeps columns [t * E, (t + 1) * E) as ordered keys (common/topk_common.h);
 //     NaNs and columns past the length become key 0, below every real key (-inf's is 0x007FFFFF).
 //  2. A cutoff: every valid key when at most kCandidates are; else the 22-bit prefix of a sampled
@@ -29,15 +29,20 @@
 namespace jax_topk {
 namespace {
 
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxElemsPerThread = kF32RowsMaxWidth / kThreads;
-static_assert(kMaxElemsPerThread == 32, "one bit per element in a 32-bit mask");
+// Two block shapes, one algorithm: kWideThreads threads for up to kF32RowsMaxWidth columns (few
+// rows: the one block is the row's only reader), kManyRowsThreads for rows of at most
+// kF32RowsManyMaxWidth columns when there are many of them (four blocks an SM, each row's chain
+// of barriers overlapping the others').
+constexpr int kWideThreads = 1024;
+constexpr int kManyRowsThreads = 256;
+static_assert(kF32RowsMaxWidth / kWideThreads == 32, "one bit per element in a 32-bit mask");
+static_assert(kF32RowsManyMaxWidth / kManyRowsThreads == 32, "one bit per element, 32 a thread");
 // The keys gathered for the exact digits: a row of at most this many valid keys needs no sample.
 constexpr int kCandidates = 4096;
-static_assert(kDigitBins == 2 * kThreads, "each thread owns two bins in the bin search");
 
+template <int kThreads>
 struct Shared {
+  static constexpr int kWarps = kThreads / 32;
   // Each phase's space is dead before the next phase writes it (a barrier between them).
   union {
     struct {
@@ -45,7 +50,7 @@ struct Shared {
       uint32_t keys[kCandidates];
     } select;
     StagedWinners staged;
-    WinnerSort<kThreads>::TempStorage sort;
+    typename WinnerSort<kThreads>::TempStorage sort;
   };
   uint32_t warp_sums[kWarps];
   int gathered;    // keys appended to select.keys
@@ -54,18 +59,32 @@ struct Shared {
 };
 
 // One digit of a radix select: finds the bin (from the top) holding the rank-th key of
-// hist[0, kDigitBins). Thread t owns bins 2047 - 2t and 2046 - 2t, so thread order is descending
-// bin order and one block scan finds it. Every thread calls it; two barriers.
-__device__ __forceinline__ void FindBin(Shared& s, uint32_t rank) {
-  const int high = kDigitBins - 1 - 2 * static_cast<int>(threadIdx.x);
-  const uint32_t high_count = s.select.hist[high];
-  const uint32_t pair_count = high_count + s.select.hist[high - 1];
+// hist[0, kDigitBins). Thread t owns the kOwned bins from 2047 - kOwned * t down, so thread order
+// is descending bin order and one block scan finds it. Every thread calls it; two barriers.
+template <int kThreads>
+__device__ __forceinline__ void FindBin(Shared<kThreads>& s, uint32_t rank) {
+  constexpr int kOwned = kDigitBins / kThreads;
+  static_assert(kOwned * kThreads == kDigitBins, "every bin owned by one thread");
+  const int high = kDigitBins - 1 - kOwned * static_cast<int>(threadIdx.x);
+  uint32_t owned[kOwned];
+  uint32_t owned_count = 0;
+#pragma unroll
+  for (int i = 0; i < kOwned; ++i) {
+    owned[i] = s.select.hist[high - i];
+    owned_count += owned[i];
+  }
   uint32_t total;
-  const uint32_t before = BlockExclusiveSum(s.warp_sums, pair_count, total);
-  if (before < rank && rank <= before + pair_count) {
-    const bool in_high = rank <= before + high_count;
-    s.bin = static_cast<uint32_t>(in_high ? high : high - 1);
-    s.above = in_high ? before : before + high_count;
+  uint32_t before = BlockExclusiveSum(s.warp_sums, owned_count, total);
+  if (before < rank && rank <= before + owned_count) {
+#pragma unroll
+    for (int i = 0; i < kOwned; ++i) {
+      if (rank <= before + owned[i]) {
+        s.bin = static_cast<uint32_t>(high - i);
+        s.above = before;
+        break;
+      }
+      before += owned[i];
+    }
   }
   __syncthreads();
 }
@@ -73,15 +92,15 @@ __device__ __forceinline__ void FindBin(Shared& s, uint32_t rank) {
 // The rank-th largest key (1 <= rank <= the keys' count) of the keys for_each_key visits, by
 // kDigits radix digits; with fewer than 3 digits, the key's prefix of those digits (low bits 0).
 // for_each_key(f) calls f(key) for this thread's share. Every thread calls it with the same rank.
-template <int kDigits, typename ForEachKey>
-__device__ __forceinline__ Pivot SelectRank(Shared& s, uint32_t rank,
+template <int kDigits, int kThreads, typename ForEachKey>
+__device__ __forceinline__ Pivot SelectRank(Shared<kThreads>& s, uint32_t rank,
                                             const ForEachKey& for_each_key) {
   uint32_t prefix = 0;
   uint32_t prefix_mask = 0;
 #pragma unroll
   for (int digit = 0; digit < kDigits; ++digit) {
-    s.select.hist[threadIdx.x] = 0;
-    s.select.hist[threadIdx.x + kThreads] = 0;
+#pragma unroll
+    for (int bin = threadIdx.x; bin < kDigitBins; bin += kThreads) s.select.hist[bin] = 0;
     __syncthreads();
     const int shift = DigitShift(digit);
     const uint32_t mask = DigitMask(digit);
@@ -99,9 +118,9 @@ __device__ __forceinline__ Pivot SelectRank(Shared& s, uint32_t rank,
 
 // Phases 2-3: the k-th largest valid key and its tie quota, given `valid` > k valid keys of which
 // `sampled` lie in the sample (key[0] and key[kElems / 2] of every thread).
-template <int kElems>
-__device__ __forceinline__ Pivot FindPivot(Shared& s, const RowKeys<kElems>& row, int k, int valid,
-                                           int sampled) {
+template <int kThreads, int kElems>
+__device__ __forceinline__ Pivot FindPivot(Shared<kThreads>& s, const RowKeys<kElems>& row, int k,
+                                           int valid, int sampled) {
   const auto row_keys = [&](const auto& visit) {
 #pragma unroll
     for (int i = 0; i < kElems; ++i) visit(row.key[i]);
@@ -146,8 +165,8 @@ __device__ __forceinline__ Pivot FindPivot(Shared& s, const RowKeys<kElems>& row
 
 // Phase 4: stages the winners (keys > pivot, then the first `quota` keys == pivot by column) in
 // ascending column order. Every thread calls it; two barriers.
-template <int kElems>
-__device__ __forceinline__ void StageWinners(Shared& s, const RowKeys<kElems>& row,
+template <int kThreads, int kElems>
+__device__ __forceinline__ void StageWinners(Shared<kThreads>& s, const RowKeys<kElems>& row,
                                              const Pivot& pivot) {
   const WinnerMasks masks = WinnerMasksOf(row, pivot);
   uint32_t total;
@@ -160,9 +179,17 @@ __device__ __forceinline__ void StageWinners(Shared& s, const RowKeys<kElems>& r
   __syncthreads();
 }
 
-template <int kElems, bool kSorted>
-__global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProblem problem) {
-  __shared__ Shared s;
+// Blocks an SM the register budget is set for: 64 registers a thread (at 40 the 32-key slice
+// spills), so 1024 threads an SM.
+template <int kThreads>
+constexpr int MinBlocksPerSm() {
+  return kWideThreads / kThreads;
+}
+
+template <int kThreads, int kElems, bool kSorted>
+__global__ void __launch_bounds__(kThreads, MinBlocksPerSm<kThreads>())
+    TopkF32RowsKernel(const TopkProblem problem) {
+  __shared__ Shared<kThreads> s;
   const int64_t row = blockIdx.x;
   const int k = problem.k;
   const RowOutput<Float32Scores> output(problem, row);
@@ -196,34 +223,60 @@ __global__ void __launch_bounds__(kThreads, 1) TopkF32RowsKernel(const TopkProbl
   StoreStagedWinners<kThreads, kSorted>(s.staged, s.sort, output, k, min(valid, k));
 }
 
-template <int kElems>
+template <int kThreads, int kElems>
 void Launch(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(problem.rows));
   if (problem.sorted) {
-    TopkF32RowsKernel<kElems, true><<<grid, kThreads, 0, stream>>>(problem);
+    TopkF32RowsKernel<kThreads, kElems, true><<<grid, kThreads, 0, stream>>>(problem);
   } else {
-    TopkF32RowsKernel<kElems, false><<<grid, kThreads, 0, stream>>>(problem);
+    TopkF32RowsKernel<kThreads, kElems, false><<<grid, kThreads, 0, stream>>>(problem);
   }
+}
+
+// The narrowest slice that covers the row: short rows hold fewer registers.
+template <int kThreads>
+void LaunchNarrowest(const TopkProblem& problem, cudaStream_t stream) {
+  if constexpr (kThreads == kManyRowsThreads) {
+    if (problem.width <= kThreads * 4) return Launch<kThreads, 4>(problem, stream);
+  }
+  if (problem.width <= kThreads * 8) {
+    Launch<kThreads, 8>(problem, stream);
+  } else if (problem.width <= kThreads * 16) {
+    Launch<kThreads, 16>(problem, stream);
+  } else {
+    Launch<kThreads, 32>(problem, stream);
+  }
+}
+
+// Benchmarks and tests (read at each launch): "off"; "always" (every call it can take, the block
+// shape by the rule); "wide" and "many" (the same, in that block shape wherever the row fits it).
+bool ModeIs(const char* wanted) {
+  const char* mode = std::getenv("JAX_TOPK_F32_ROWS");
+  return mode != nullptr && std::strcmp(mode, wanted) == 0;
+}
+
+// Many rows of at most kF32RowsManyMaxWidth columns: more than a wave of wide blocks (measured:
+// 200 rows of 4096-8192 columns 1.2-1.4x faster in the 256-thread block, 132 rows 1.1x slower).
+bool ManyRowsShape(const TopkProblem& problem) {
+  if (problem.width > kF32RowsManyMaxWidth || ModeIs("wide")) return false;
+  return ModeIs("many") || problem.rows > kF32RowsManyMinRows;
 }
 
 }  // namespace
 
-bool TopkF32RowsForced() {
-  const char* mode = std::getenv("JAX_TOPK_F32_ROWS");
-  return mode != nullptr && std::strcmp(mode, "always") == 0;
-}
+bool TopkF32RowsForced() { return ModeIs("always") || ModeIs("wide") || ModeIs("many"); }
 
 bool TopkF32RowsServes(const TopkProblem& problem) {
   if (problem.score_type != ScoreType::kFloat32 || problem.width > kF32RowsMaxWidth) return false;
-  // Benchmarks and tests: "off" or "always" (every call it can take), read at each launch.
-  const char* mode = std::getenv("JAX_TOPK_F32_ROWS");
-  if (mode != nullptr && std::strcmp(mode, "off") == 0) return false;
+  if (ModeIs("off")) return false;
   if (TopkF32RowsForced()) return true;
   // Measured on the H200 (benches/NOTES.md "topk_f32_rows"): a block radix sort of the winners
-  // costs more than the filtered kernel's whole call; past 264 rows of 16384 columns (132 of
-  // 32768, one wave) the filtered kernel's queue streams more rows an SM; and under 48 rows of
-  // 32768 columns (96 sorted) its cluster of blocks a row reads a row faster than one SM does.
+  // costs more than the filtered kernel's whole call; many rows of <= 8192 columns run 1.7-3x
+  // faster in the 256-thread block ("topk_f32_rows: many rows"); past 264 rows of 16384 columns
+  // (132 of 32768, one wave) the filtered kernel's queue streams more rows an SM; and under 48
+  // rows of 32768 columns (96 sorted) its cluster of blocks a row reads a row faster than one SM.
   if (problem.sorted && problem.k > kMaxRankedByCount) return false;
+  if (ManyRowsShape(problem)) return true;
   if (problem.width <= 16384) return problem.rows <= 264;
   return problem.rows <= 132 && problem.rows >= (problem.sorted ? 96 : 48);
 }
@@ -236,13 +289,10 @@ cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream) {
       (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
     return cudaErrorInvalidValue;
   }
-  // The narrowest slice that covers the row: short rows hold fewer registers.
-  if (problem.width <= kThreads * 8) {
-    Launch<8>(problem, stream);
-  } else if (problem.width <= kThreads * 16) {
-    Launch<16>(problem, stream);
+  if (ManyRowsShape(problem)) {
+    LaunchNarrowest<kManyRowsThreads>(problem, stream);
   } else {
-    Launch<32>(problem, stream);
+    LaunchNarrowest<kWideThreads>(problem, stream);
   }
   return cudaGetLastError();
 }
