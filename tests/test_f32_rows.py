@@ -87,6 +87,35 @@ def test_sample_foolers_and_crowded_cutoffs(n):
                 same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
 
 
+def bins_taken_whole(rng, rows, n=8192, k=64):
+    """Rows whose k winners fill one digit bin whole: k keys of one 22-bit prefix (their low 10
+    bits differ), most of them at columns both block shapes sample (multiples of 16), so the
+    sampled cutoff is that prefix and exactly the k winners are gathered; 100 decoys share the
+    winners' first 11-bit bin below the cutoff (never gathered) and the rest are small. The
+    digits stop at the first bin: the pivot must be the cutoff, not the bin's least key, or the
+    decoys would win too."""
+    winner_bits = 0x40000000 | (1 << 18) | rng.permutation(1024)[:k].astype(np.uint32)
+    decoy_bits = 0x40000000 | rng.integers(0, 1 << 18, size=100).astype(np.uint32)
+    out = (rng.standard_normal((rows, n)) * 0.1).astype(np.float32)
+    for row in out:
+        sampled = rng.permutation(np.arange(0, n, 16))[: k - 16]
+        others = rng.permutation(np.arange(1, n, 16))[: 16 + 100]
+        row[sampled] = winner_bits[: k - 16].view(np.float32)
+        row[others[:16]] = winner_bits[k - 16 :].view(np.float32)
+        row[others[16:]] = decoy_bits.view(np.float32)
+    return out
+
+
+def test_digit_bins_taken_whole():
+    rng = np.random.default_rng(11)
+    scores = bins_taken_whole(rng, 6)
+    lengths = np.full(6, scores.shape[1], np.int32)
+    for sorted_ in (False, True):
+        winners = same_on_both("topk_filtered", scores, lengths, k=64, sorted=sorted_)
+        assert (scores[np.arange(6)[:, None], winners] >= 2.0).all()
+        assert (np.take_along_axis(scores, winners, 1).view(np.uint32) & (1 << 18)).all()
+
+
 def check_against_the_kernel_off(switch, rows, n, monkeypatch):
     """The kernel that `switch` (an environment variable, set to "always" or "only") forces on
     gives the CPU handler's bits and the same bits as the kernels serving the call with it

@@ -38,6 +38,8 @@ SHAPES = [  # (op, rows, n, k, sorted)
     ("topk_filtered", 132, 4096, 512, False),
     ("topk_filtered", 200, 4096, 512, False),
     ("topk_filtered", 264, 16384, 2048, False),
+    ("topk_filtered", 32, 8192, 512, False),
+    ("top_k", 64, 16384, 256, True),
 ]
 VARIANTS = {"filtered": "off", "wide": "wide", "many": "many", "default": None}
 

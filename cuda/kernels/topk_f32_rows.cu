@@ -54,8 +54,9 @@ struct Shared {
   };
   uint32_t warp_sums[kWarps];
   int gathered;    // keys appended to select.keys
-  uint32_t bin;    // the bin search's answer: the bin holding the rank
-  uint32_t above;  // and the keys in the bins above it
+  uint32_t bin;        // the bin search's answer: the bin holding the rank
+  uint32_t above;      // the keys in the bins above it
+  uint32_t bin_count;  // and in it
 };
 
 // One digit of a radix select: finds the bin (from the top) holding the rank-th key of
@@ -81,6 +82,7 @@ __device__ __forceinline__ void FindBin(Shared<kThreads>& s, uint32_t rank) {
       if (rank <= before + owned[i]) {
         s.bin = static_cast<uint32_t>(high - i);
         s.above = before;
+        s.bin_count = owned[i];
         break;
       }
       before += owned[i];
@@ -92,9 +94,13 @@ __device__ __forceinline__ void FindBin(Shared<kThreads>& s, uint32_t rank) {
 // The rank-th largest key (1 <= rank <= the keys' count) of the keys for_each_key visits, by
 // kDigits radix digits; with fewer than 3 digits, the key's prefix of those digits (low bits 0).
 // for_each_key(f) calls f(key) for this thread's share. Every thread calls it with the same rank.
-template <int kDigits, int kThreads, typename ForEachKey>
+// kStopWhenBinTaken (the pivot of k winners): once the rank is its bin's last key, every key of
+// the bin is a winner and the pivot is the least key the winners may hold, minus one, with no
+// ties to take; `least` is the least key that was visited (1: the row's zeros, which never win,
+// stay in the first bins' prefix 0, where no early stop happens).
+template <int kDigits, bool kStopWhenBinTaken, int kThreads, typename ForEachKey>
 __device__ __forceinline__ Pivot SelectRank(Shared<kThreads>& s, uint32_t rank,
-                                            const ForEachKey& for_each_key) {
+                                            const ForEachKey& for_each_key, uint32_t least = 1) {
   uint32_t prefix = 0;
   uint32_t prefix_mask = 0;
 #pragma unroll
@@ -112,6 +118,9 @@ __device__ __forceinline__ Pivot SelectRank(Shared<kThreads>& s, uint32_t rank,
     prefix |= s.bin << shift;
     prefix_mask |= mask << shift;
     rank -= s.above;
+    if (kStopWhenBinTaken && digit + 1 < kDigits && rank == s.bin_count && prefix != 0) {
+      return {max(prefix, least) - 1, 0};
+    }
   }
   return {prefix, static_cast<int>(rank)};
 }
@@ -125,13 +134,18 @@ __device__ __forceinline__ Pivot FindPivot(Shared<kThreads>& s, const RowKeys<kE
 #pragma unroll
     for (int i = 0; i < kElems; ++i) visit(row.key[i]);
   };
+  // A slice no larger than the candidate buffer: the digits read the registers, as cheap as the
+  // gathered keys would be, without the gather.
+  if (valid <= kCandidates && kElems * kThreads <= kCandidates) {
+    return SelectRank<3, true>(s, k, row_keys);
+  }
   uint32_t cutoff = 1;  // every valid key
   if (valid > kCandidates) {
     // The sample's rank for k, plus a slack of ~3 standard deviations (sqrt of the rank) and 16.
     const int expected = static_cast<int>((static_cast<int64_t>(k) * sampled + valid - 1) / valid);
     const int rank = expected + 16 + static_cast<int>(3.0f * sqrtf(static_cast<float>(expected)));
-    if (rank >= sampled) return SelectRank<3>(s, k, row_keys);
-    cutoff = SelectRank<2>(s, rank, [&](const auto& visit) {
+    if (rank >= sampled) return SelectRank<3, true>(s, k, row_keys);
+    cutoff = SelectRank<2, false>(s, rank, [&](const auto& visit) {
                visit(row.key[0]);
                visit(row.key[kElems / 2]);
              }).key;
@@ -157,10 +171,14 @@ __device__ __forceinline__ Pivot FindPivot(Shared<kThreads>& s, const RowKeys<kE
   }
   __syncthreads();
   const int gathered = s.gathered;
-  if (gathered < k || gathered > kCandidates) return SelectRank<3>(s, k, row_keys);
-  return SelectRank<3>(s, k, [&](const auto& visit) {
-    for (int j = threadIdx.x; j < gathered; j += kThreads) visit(s.select.keys[j]);
-  });
+  if (gathered < k || gathered > kCandidates) return SelectRank<3, true>(s, k, row_keys);
+  // Every key >= cutoff is gathered, none below: the least a winner may hold is the cutoff.
+  return SelectRank<3, true>(
+      s, k,
+      [&](const auto& visit) {
+        for (int j = threadIdx.x; j < gathered; j += kThreads) visit(s.select.keys[j]);
+      },
+      cutoff);
 }
 
 // Phase 4: stages the winners (keys > pivot, then the first `quota` keys == pivot by column) in
