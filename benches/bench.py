@@ -153,6 +153,9 @@ def gpu_shapes() -> list[Shape]:
     shapes += [  # short 16-bit rows (retrieval, reranking): the short-row kernel, sorted
         Shape("top_k", dtype, 2048, 16384, 64, "full") for dtype in ("bfloat16", "float16")
     ]
+    shapes += [  # short float32 rows: the filtered kernel, and the register kernel's many rows
+        Shape("top_k", "float32", rows, n, 64, "full") for rows, n in ((2048, 16384), (8192, 1024))
+    ]
     shapes += [  # 16-bit indexer rows, values and indices; k above the kernels' 2048
         Shape("top_k", "bfloat16", 5536, 131072, 2048, "causal"),
         Shape("top_k", "bfloat16", 32, 131072, 2048, "full"),

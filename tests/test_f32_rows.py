@@ -184,8 +184,8 @@ def test_top_k_values(family):
 
 @pytest.mark.parametrize("n", [1000, 2049, 8192])
 def test_many_rows_by_the_rule(n, monkeypatch):
-    """More rows than kF32RowsManyMinRows take the 256-thread block by the default rule, unsorted
-    and sorted up to 256 winners (the filtered kernel above that): both give the CPU's bits."""
+    """More rows than kF32RowsManyMinRows take the 256-thread block by the default rule, sorted
+    (by count up to 256 winners, by the block radix sort above) or not: the CPU's bits."""
     monkeypatch.delenv("JAX_TOPK_F32_ROWS")
     rng = np.random.default_rng(n)
     scores = np.concatenate(
@@ -193,7 +193,14 @@ def test_many_rows_by_the_rule(n, monkeypatch):
     )
     rows = len(scores)  # 308, every value family
     lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
-    for k, sorted_ in ((64, True), (256, True), (257, True), (512, False), (1, False)):
+    for k, sorted_ in (
+        (64, True),
+        (256, True),
+        (257, True),
+        (1024, True),
+        (512, False),
+        (1, False),
+    ):
         same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
     check_top_k_values("nan_mix", (rows, n), 64)
     check_top_k_values("heavy_ties", (rows, n), 200)

@@ -288,13 +288,14 @@ bool TopkF32RowsServes(const TopkProblem& problem) {
   if (problem.score_type != ScoreType::kFloat32 || problem.width > kF32RowsMaxWidth) return false;
   if (ModeIs("off")) return false;
   if (TopkF32RowsForced()) return true;
-  // Measured on the H200 (benches/NOTES.md "topk_f32_rows"): a block radix sort of the winners
-  // costs more than the filtered kernel's whole call; many rows of <= 8192 columns run 1.7-3x
-  // faster in the 256-thread block ("topk_f32_rows: many rows"); past 264 rows of 16384 columns
-  // (132 of 32768, one wave) the filtered kernel's queue streams more rows an SM; and under 48
-  // rows of 32768 columns (96 sorted) its cluster of blocks a row reads a row faster than one SM.
-  if (problem.sorted && problem.k > kMaxRankedByCount) return false;
+  // Measured on the H200 (benches/NOTES.md "topk_f32_rows"): many rows of <= 8192 columns run
+  // 1.3-4x faster in the 256-thread block, sorted or not ("topk_f32_rows: many rows"); else a
+  // block radix sort of the winners costs more than the filtered kernel's whole call; past 264
+  // rows of 16384 columns (132 of 32768, one wave) the filtered kernel's queue streams more rows
+  // an SM; and under 48 rows of 32768 columns (96 sorted) its cluster of blocks a row reads a
+  // row faster than one SM.
   if (ManyRowsShape(problem)) return true;
+  if (problem.sorted && problem.k > kMaxRankedByCount) return false;
   if (problem.width <= 16384) return problem.rows <= 264;
   return problem.rows <= 132 && problem.rows >= (problem.sorted ? 96 : 48);
 }
