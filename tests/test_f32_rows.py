@@ -58,8 +58,9 @@ def crowded_rows(rng, rows, n):
 
 
 def bits(x):
+    """Float arrays as their raw bits (so +0 and -0 differ); integer arrays as they are."""
     x = np.asarray(x)
-    return x.view(np.uint32) if x.dtype == np.float32 else x
+    return x.view(f"u{x.itemsize}") if x.dtype.kind == "f" or x.dtype.itemsize == 2 else x
 
 
 @pytest.mark.parametrize("n", WIDTHS)
@@ -161,10 +162,10 @@ def test_page_table_and_num_valid_rows():
     check_page_table_and_num_valid_rows(16384)
 
 
-def check_top_k_values(family, shape, k):
+def check_top_k_values(family, shape, k, dtype="float32"):
     """top_k's values beside its indices, sorted and not, from the same kernel."""
     rng = np.random.default_rng(5)
-    operand = families.make(family, rng, shape, "float32")
+    operand = families.make(family, rng, shape, dtype)
     gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
     for sorted_ in (True, False):
         got = jax.jit(lambda x, s=sorted_: jax_topk.top_k(x, k, sorted=s))(
@@ -182,15 +183,18 @@ def test_top_k_values(family):
     check_top_k_values(family, (4, 30000), 2048)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("n", [1000, 2049, 8192])
-def test_many_rows_by_the_rule(n, monkeypatch):
+def test_many_rows_by_the_rule(n, dtype, monkeypatch):
     """More rows than kF32RowsManyMinRows take the 256-thread block by the default rule, sorted
-    (by count up to 256 winners, by the block radix sort above) or not: the CPU's bits."""
+    (by count up to 256 winners, by the block radix sort above) or not, 16-bit rows from both
+    operators that reach it: the CPU's bits."""
     monkeypatch.delenv("JAX_TOPK_F32_ROWS")
     rng = np.random.default_rng(n)
     scores = np.concatenate(
-        [families.make(family, rng, (28, n), "float32") for family in sorted(families.FAMILIES)]
+        [families.make(family, rng, (28, n), dtype) for family in sorted(families.FAMILIES)]
     )
+    ops = ("topk_filtered", "topk_bf16") if dtype == "bfloat16" else ("topk_filtered",)
     rows = len(scores)  # 308, every value family
     lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
     for k, sorted_ in (
@@ -201,9 +205,58 @@ def test_many_rows_by_the_rule(n, monkeypatch):
         (512, False),
         (1, False),
     ):
-        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
-    check_top_k_values("nan_mix", (rows, n), 64)
-    check_top_k_values("heavy_ties", (rows, n), 200)
+        for op in ops:
+            same_on_both(op, scores, lengths, k=k, sorted=sorted_)
+    check_top_k_values("nan_mix", (rows, n), 64, dtype)
+    check_top_k_values("heavy_ties", (rows, n), 200, dtype)
+
+
+def top_k_same_on_both(scores, lengths, k, sorted_):
+    """top_k's values and indices with lengths, GPU against CPU, bit for bit."""
+    call = jax.jit(lambda x, lens: jax_topk.top_k(x, k, lengths=lens, sorted=sorted_))
+    got, want = (
+        call(*jax.device_put((scores, lengths), jax.devices(backend)[0]))
+        for backend in ("gpu", "cpu")
+    )
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n", [5, 1024, 2049, 8192])
+def test_16bit_families_in_the_many_rows_block(n, dtype, monkeypatch):
+    """16-bit rows widened to float32 keys in the 256-thread block (forced on few rows): every
+    value family (their own subnormals and exponent steps), lengths around k, every operator
+    that reaches it (topk_bf16 takes bfloat16 only; top_k's 16-bit rows go where it goes)."""
+    monkeypatch.setenv("JAX_TOPK_F32_ROWS", "many")
+    rng = np.random.default_rng(n + len(dtype))
+    rows = 6
+    ops = ("topk_filtered", "topk_bf16") if dtype == "bfloat16" else ("topk_filtered",)
+    for family in sorted(families.FAMILIES):
+        scores = families.make(family, rng, (rows, n), dtype)
+        for k in (64, 2047):
+            lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
+            lengths[:4] = [n, k - 1, k, k + 1]
+            for sorted_ in (False, True):
+                for op in ops:
+                    same_on_both(op, scores, lengths, k=k, sorted=sorted_)
+                if k <= n:  # top_k's k is at most the row's width
+                    top_k_same_on_both(scores, lengths, k, sorted_)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16bit_thousands_of_rows_by_the_rule(dtype, monkeypatch):
+    """top_k of 2048 16-bit rows of <= 4096 columns takes the 256-thread block over topk_bf16's
+    kernel by the default rule: every value family, random lengths, sorted and not."""
+    monkeypatch.delenv("JAX_TOPK_F32_ROWS")
+    rng = np.random.default_rng(len(dtype))
+    families_ = sorted(families.FAMILIES)
+    scores = np.concatenate(
+        [families.make(f, rng, (2048 // len(families_) + 1, 1000), dtype) for f in families_]
+    )[:2048]
+    lengths = rng.integers(-2, 1003, size=len(scores)).astype(np.int32)
+    for k, sorted_ in ((64, True), (300, True), (100, False)):
+        top_k_same_on_both(scores, lengths, k, sorted_)
 
 
 def test_filtered_kernel_short_float32_rows_when_switched_off():

@@ -204,13 +204,15 @@ constexpr int MinBlocksPerSm() {
   return kWideThreads / kThreads;
 }
 
-template <int kThreads, int kElems, bool kSorted>
+// Scores: float32, or (the many-rows block only) bfloat16 / float16 read at two bytes and widened
+// exactly to float32 bits (register_row.cuh), so every phase after the load is float32's.
+template <class Scores, int kThreads, int kElems, bool kSorted>
 __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<kThreads>())
     TopkF32RowsKernel(const TopkProblem problem) {
   __shared__ Shared<kThreads> s;
   const int64_t row = blockIdx.x;
   const int k = problem.k;
-  const RowOutput<Float32Scores> output(problem, row);
+  const RowOutput<Scores> output(problem, row);
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
     StoreStagedWinners<kThreads, false>(s.staged, s.sort, output, k, 0);
     return;
@@ -221,8 +223,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<kThreads>())
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
                                                   : problem.width);
   RowKeys<kElems> keys;
-  LoadRow<Float32Scores>(static_cast<const float*>(problem.scores) + row * problem.width,
-                         static_cast<int>(threadIdx.x) * kElems, length, keys);
+  LoadRow<Scores>(
+      static_cast<const typename Scores::Storage*>(problem.scores) + row * problem.width,
+      static_cast<int>(threadIdx.x) * kElems, length, keys);
 
   // Valid keys (<= 2^15) and valid sampled keys, summed in one int.
   uint32_t counts = 0;
@@ -241,28 +244,29 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<kThreads>())
   StoreStagedWinners<kThreads, kSorted>(s.staged, s.sort, output, k, min(valid, k));
 }
 
-template <int kThreads, int kElems>
+template <class Scores, int kThreads, int kElems>
 void Launch(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(problem.rows));
   if (problem.sorted) {
-    TopkF32RowsKernel<kThreads, kElems, true><<<grid, kThreads, 0, stream>>>(problem);
+    TopkF32RowsKernel<Scores, kThreads, kElems, true><<<grid, kThreads, 0, stream>>>(problem);
   } else {
-    TopkF32RowsKernel<kThreads, kElems, false><<<grid, kThreads, 0, stream>>>(problem);
+    TopkF32RowsKernel<Scores, kThreads, kElems, false><<<grid, kThreads, 0, stream>>>(problem);
   }
 }
 
-// The narrowest slice that covers the row: short rows hold fewer registers.
-template <int kThreads>
+// The narrowest slice that covers the row: short rows hold fewer registers. (A 16-bit slice is
+// whole 16-byte loads of 8 elements.)
+template <class Scores, int kThreads>
 void LaunchNarrowest(const TopkProblem& problem, cudaStream_t stream) {
-  if constexpr (kThreads == kManyRowsThreads) {
-    if (problem.width <= kThreads * 4) return Launch<kThreads, 4>(problem, stream);
+  if constexpr (kThreads == kManyRowsThreads && Scores::kChunkElems <= 4) {
+    if (problem.width <= kThreads * 4) return Launch<Scores, kThreads, 4>(problem, stream);
   }
   if (problem.width <= kThreads * 8) {
-    Launch<kThreads, 8>(problem, stream);
+    Launch<Scores, kThreads, 8>(problem, stream);
   } else if (problem.width <= kThreads * 16) {
-    Launch<kThreads, 16>(problem, stream);
+    Launch<Scores, kThreads, 16>(problem, stream);
   } else {
-    Launch<kThreads, 32>(problem, stream);
+    Launch<Scores, kThreads, 32>(problem, stream);
   }
 }
 
@@ -285,8 +289,10 @@ bool ManyRowsShape(const TopkProblem& problem) {
 bool TopkF32RowsForced() { return ModeIs("always") || ModeIs("wide") || ModeIs("many"); }
 
 bool TopkF32RowsServes(const TopkProblem& problem) {
-  if (problem.score_type != ScoreType::kFloat32 || problem.width > kF32RowsMaxWidth) return false;
-  if (ModeIs("off")) return false;
+  if (problem.width > kF32RowsMaxWidth || ModeIs("off")) return false;
+  // 16-bit rows: the many-rows block alone (measured 2.9x faster than the filtered kernel's
+  // queue at 2048 x 8192, benches/NOTES.md "topk_f32_rows: 16-bit rows").
+  if (problem.score_type != ScoreType::kFloat32) return ManyRowsShape(problem);
   if (TopkF32RowsForced()) return true;
   // Measured on the H200 (benches/NOTES.md "topk_f32_rows"): many rows of <= 8192 columns run
   // 1.3-4x faster in the 256-thread block, sorted or not ("topk_f32_rows: many rows"); else a
@@ -300,18 +306,37 @@ bool TopkF32RowsServes(const TopkProblem& problem) {
   return problem.rows <= 132 && problem.rows >= (problem.sorted ? 96 : 48);
 }
 
+bool TopkF32RowsBeatsTopkBf16(const TopkProblem& problem) {
+  if (problem.score_type == ScoreType::kFloat32 || !TopkF32RowsServes(problem)) return false;
+  if (TopkF32RowsForced()) return true;
+  // Measured (same section): 1.2-2.1x faster than topk_bf16 from 4096 rows of <= 4096 columns;
+  // slower at 8192 columns and at a few hundred rows, where topk_bf16's 16-bit passes win.
+  return problem.width <= kF32RowsOver16BitMaxWidth && problem.rows >= kF32RowsOver16BitMinRows;
+}
+
 cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream) {
   if (problem.rows == 0) return cudaSuccess;
+  const bool many_rows = ManyRowsShape(problem);
   if (problem.rows < 0 || problem.rows > INT_MAX || problem.width < 1 ||
       problem.width > kF32RowsMaxWidth || problem.k < 1 || problem.k > kMaxK ||
-      problem.score_type != ScoreType::kFloat32 ||
+      (problem.score_type != ScoreType::kFloat32 && !many_rows) ||
       (problem.num_valid_rows != nullptr && problem.rows_per_group < 1)) {
     return cudaErrorInvalidValue;
   }
-  if (ManyRowsShape(problem)) {
-    LaunchNarrowest<kManyRowsThreads>(problem, stream);
-  } else {
-    LaunchNarrowest<kWideThreads>(problem, stream);
+  switch (problem.score_type) {
+    case ScoreType::kFloat32:
+      if (many_rows) {
+        LaunchNarrowest<Float32Scores, kManyRowsThreads>(problem, stream);
+      } else {
+        LaunchNarrowest<Float32Scores, kWideThreads>(problem, stream);
+      }
+      break;
+    case ScoreType::kBfloat16:
+      LaunchNarrowest<RegisterScores<ScoreType::kBfloat16>, kManyRowsThreads>(problem, stream);
+      break;
+    case ScoreType::kFloat16:
+      LaunchNarrowest<RegisterScores<ScoreType::kFloat16>, kManyRowsThreads>(problem, stream);
+      break;
   }
   return cudaGetLastError();
 }

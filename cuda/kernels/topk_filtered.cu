@@ -15,8 +15,8 @@
 // Traffic: the sample (<= 1/8 of the row) + one read. Limits: width < 2^31, k <= kMaxK.
 // k = 1 goes to topk_argmax.cu where TopkArgmaxServes says so. Few rows of at most
 // kF32ClusterMaxWidth float32 (kF32ClusterMaxWidth16 16-bit) columns go to
-// topk_f32_cluster.cu instead, and some more float32 rows of at most kF32RowsMaxWidth columns to
-// topk_f32_rows.cu.
+// topk_f32_cluster.cu instead, and some more rows of at most kF32RowsMaxWidth columns (16-bit:
+// many rows of at most kF32RowsManyMaxWidth) to topk_f32_rows.cu.
 #include <climits>
 
 #include "common/topk_problem.h"
@@ -38,9 +38,9 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   if (!sibling_forced && TopkArgmaxServes(problem)) return LaunchTopkArgmax(problem, stream);
   if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
   if (TopkF32ClusterRequired()) return cudaErrorNotSupported;  // tests: it alone, or an error
+  if (TopkF32RowsServes(problem)) return LaunchTopkF32Rows(problem, stream);
   switch (problem.score_type) {
     case ScoreType::kFloat32:
-      if (TopkF32RowsServes(problem)) return LaunchTopkF32Rows(problem, stream);
       return LaunchFilteredFloat32Rows(problem, workspace, workspace_bytes, stream);
     case ScoreType::kBfloat16:
       return LaunchFilteredBfloat16Rows(problem, workspace, workspace_bytes, stream);

@@ -148,13 +148,15 @@ def _f32_rows_cases(gpu, cpu, rng):
     # Forced on (read at each launch): its default takes only some of these shapes.
     with _environment(JAX_TOPK_F32_ROWS="always"):
         _top_k_matches(gpu, cpu, rng, cases)
-    # The 256-thread block for many rows of <= 8192 columns: every slice width, unaligned rows.
+    # The 256-thread block for many rows of <= 8192 columns: every slice width, unaligned rows,
+    # 16-bit rows widened.
     many = [
         (rng.standard_normal((300, 1000), np.float32), 64),
         (_nan_and_zero_rows(rng, 8, 8191).astype(np.float32), 2048),
         (_periodic_rows(rng, 10, 4097), 512),
         (np.full((3, 2048), -3.0, np.float32), 300),
     ]
+    many += [(scores.astype(dtype), k) for scores, k in many for dtype in ("bfloat16", "float16")]
     with _environment(JAX_TOPK_F32_ROWS="many"):
         _top_k_matches(gpu, cpu, rng, many)
 
