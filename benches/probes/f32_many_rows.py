@@ -6,8 +6,9 @@ at each launch by JAX_TOPK_F32_ROWS (off: not the register kernel; wide: the 102
 forced (float32 only); many: the 256-thread block forced where the row fits; default: the
 rule). Device time in us (benches/bench.py's method); every variant's indices and values checked
 equal to the default's, and top_k's values to lax.top_k's. From the repo root on the GPU:
-    python -m benches.probes.f32_many_rows"""
+    python -m benches.probes.f32_many_rows [--set rules]"""
 
+import argparse
 import os
 
 import jax
@@ -60,6 +61,18 @@ SHAPES = [  # (op, dtype, rows, n, k, sorted)
     ("topk_bf16", "bfloat16", 2048, 8192, 2048, False),
     ("topk_filtered", "bfloat16", 2048, 8192, 2048, False),
 ]
+# `--set rules`: rows around the rule's row counts (kF32RowsManyMinRows for float32,
+# kF32RowsNarrowMinRows, and TopkF32RowsBeatsTopkBf16 for top_k's 16-bit rows).
+RULE_SHAPES = [
+    *(("top_k", "float32", rows, 4096, 64, True) for rows in (48, 96, 132)),
+    *(("top_k", "float32", rows, 2048, 64, True) for rows in (48, 96, 132)),
+    ("topk_filtered", "float32", 96, 4096, 512, False),
+    *(
+        ("top_k", dtype, rows, n, 64, True)
+        for dtype in ("bfloat16", "float16")
+        for rows, n in ((512, 1024), (1024, 1024), (512, 4096), (1024, 4096))
+    ),
+]
 VARIANTS = {"off": "off", "wide": "wide", "many": "many", "default": None}
 
 
@@ -82,9 +95,12 @@ def with_mode(mode, fn, *args):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--set", choices=("main", "rules"), default="main")
+    shapes = SHAPES if parser.parse_args().set == "main" else RULE_SHAPES
     lines = []
     header = "| shape | " + " | ".join(VARIANTS) + " | lax.top_k | torch.topk | same |"
-    for op, dtype, rows, n, k, sorted_ in SHAPES:
+    for op, dtype, rows, n, k, sorted_ in shapes:
         sets = [
             (
                 scores_of.normal(jax.random.key(rows + n + i), (rows, n), dtype),
@@ -118,7 +134,7 @@ def main():
         lines.append(f"| {label} | {cells} | {lax_us} | {torch_us} | {same} |")
         print(lines[-1], flush=True)
     print("\n" + header)
-    print("|" + " --- |" * (len(VARIANTS) + 5))
+    print("|" + " --- |" * (len(VARIANTS) + 4))
     print("\n".join(lines))
 
 

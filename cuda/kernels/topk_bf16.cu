@@ -13,7 +13,7 @@
 // Traffic: each score read once (16-byte loads on aligned rows), one coalesced page-transformed
 // store of k int32 per row, and of k 16-bit values beside them when asked; no workspace, no sync.
 // Limits: width <= kMaxBf16Width = 512 * 32, k <= kMaxK (staged in shared memory), rows < 2^31.
-// k = 1 goes to topk_argmax.cu, and thousands of rows of at most kF32RowsOver16BitMaxWidth
+// k = 1 goes to topk_argmax.cu, and hundreds to thousands of rows of at most kF32RowsNarrowWidth
 // columns to topk_f32_rows.cu's 256-thread block (both where they measured faster).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

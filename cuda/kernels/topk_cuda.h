@@ -29,19 +29,20 @@ cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream)
 
 // topk_f32_rows: a block per float32 row of width <= kF32RowsMaxWidth, the row in its registers
 // (1024 threads; 256 for more than kF32RowsManyMinRows rows of at most kF32RowsManyMaxWidth
-// columns, which also takes such bfloat16 and float16 rows); LaunchTopkFiltered hands it the
+// columns or kF32RowsNarrowMinRows of kF32RowsNarrowWidth, which also takes such bfloat16 and
+// float16 rows); LaunchTopkFiltered hands it the
 // calls TopkF32RowsServes, LaunchTopkBf16 those TopkF32RowsBeatsTopkBf16 (the row counts and
 // widths where it measured faster; the environment variable JAX_TOPK_F32_ROWS=off, =always,
 // =wide or =many overrides that at each launch, for benchmarks and tests).
 constexpr int kF32RowsMaxWidth = 32768;
 constexpr int kF32RowsManyMaxWidth = 8192;
 constexpr int kF32RowsManyMinRows = 132;
+constexpr int kF32RowsNarrowWidth = 4096;  // rows this short take the 256-thread block from
+constexpr int kF32RowsNarrowMinRows = 48;  // this many rows
 bool TopkF32RowsServes(const TopkProblem& problem);
 bool TopkF32RowsForced();  // JAX_TOPK_F32_ROWS=always, =wide or =many
-// LaunchTopkBf16's 16-bit rows it takes instead of topk_bf16's own kernel: at most
-// kF32RowsOver16BitMaxWidth columns, kF32RowsOver16BitMinRows rows or more (or forced).
-constexpr int kF32RowsOver16BitMaxWidth = 4096;
-constexpr int kF32RowsOver16BitMinRows = 2048;
+// LaunchTopkBf16's 16-bit rows it takes instead of topk_bf16's own kernel: hundreds to
+// thousands of rows of at most kF32RowsNarrowWidth columns (or forced).
 bool TopkF32RowsBeatsTopkBf16(const TopkProblem& problem);
 cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream);
 

@@ -277,11 +277,14 @@ bool ModeIs(const char* wanted) {
   return mode != nullptr && std::strcmp(mode, wanted) == 0;
 }
 
-// Many rows of at most kF32RowsManyMaxWidth columns: more than a wave of wide blocks (measured:
-// 200 rows of 4096-8192 columns 1.2-1.4x faster in the 256-thread block, 132 rows 1.1x slower).
+// Many rows of at most kF32RowsManyMaxWidth columns: more than a wave of wide blocks, or from
+// kF32RowsNarrowMinRows rows of at most kF32RowsNarrowWidth (measured: 200 rows of 4096-8192
+// columns 1.2-1.4x faster in the 256-thread block, 132 rows of 8192 1.1x slower; 48-132 rows of
+// 2048-4096 1.2-1.4x faster).
 bool ManyRowsShape(const TopkProblem& problem) {
   if (problem.width > kF32RowsManyMaxWidth || ModeIs("wide")) return false;
-  return ModeIs("many") || problem.rows > kF32RowsManyMinRows;
+  return ModeIs("many") || problem.rows > kF32RowsManyMinRows ||
+         (problem.width <= kF32RowsNarrowWidth && problem.rows >= kF32RowsNarrowMinRows);
 }
 
 }  // namespace
@@ -309,9 +312,12 @@ bool TopkF32RowsServes(const TopkProblem& problem) {
 bool TopkF32RowsBeatsTopkBf16(const TopkProblem& problem) {
   if (problem.score_type == ScoreType::kFloat32 || !TopkF32RowsServes(problem)) return false;
   if (TopkF32RowsForced()) return true;
-  // Measured (same section): 1.2-2.1x faster than topk_bf16 from 4096 rows of <= 4096 columns;
-  // slower at 8192 columns and at a few hundred rows, where topk_bf16's 16-bit passes win.
-  return problem.width <= kF32RowsOver16BitMaxWidth && problem.rows >= kF32RowsOver16BitMinRows;
+  // Measured (same section): faster than topk_bf16 on float16 from 512 rows of <= 4096 columns
+  // (1.3-2.1x) and on bfloat16 from 512 rows of <= 1024 columns or 2048 of <= 4096 (1.15-1.3x);
+  // slower at 8192 columns and on fewer bfloat16 rows, where topk_bf16's 16-bit passes win.
+  if (problem.width > kF32RowsNarrowWidth) return false;
+  if (problem.score_type == ScoreType::kFloat16) return problem.rows >= 512;
+  return problem.rows >= (problem.width <= 1024 ? 512 : 2048);
 }
 
 cudaError_t LaunchTopkF32Rows(const TopkProblem& problem, cudaStream_t stream) {
