@@ -1,15 +1,18 @@
 // topk_f32_rows: exact top-k of float32 rows of at most kF32RowsMaxWidth columns, one block a row
-// (1024 threads; 256 when many rows share the SMs), the row held in registers
-// (topk_filtered's kernel for such rows: its sample, pass and selection are a chain of dependent
-// global-memory phases, where here one load of the row feeds every phase from registers). Per row:
+// (1024 threads; 256 when many rows share the SMs, which also takes bfloat16 and float16 rows,
+// widened exactly to float32 bits), the row held in registers (topk_filtered's kernel for such
+// rows: its sample, pass and selection are a chain of dependent global-memory phases, where here
+// one load of the row feeds every phase from registers). Per row:
 //  1. LoadRow: thread t keeps columns [t * E, (t + 1) * E) as ordered keys (common/topk_common.h);
 //     NaNs and columns past the length become key 0, below every real key (-inf's is 0x007FFFFF).
 //  2. A cutoff: every valid key when at most kCandidates are; else the 22-bit prefix of a sampled
 //     rank (two keys a thread) a little past k's expected place in the sample.
 //  3. The keys at or above the cutoff are gathered in shared memory; if there are k to
 //     kCandidates of them, 11+11+10-bit radix digits over them give the k-th key and how many of
-//     its ties to take. Otherwise (a fooled sample, crowded ties) the same digits run over the
-//     registers: the sample only ever decides the speed.
+//     its ties to take. Otherwise (a fooled sample, crowded ties), and where a block's slices hold
+//     no more than kCandidates keys, the same digits run over the registers: the sample only
+//     ever decides the speed. A digit whose bin is taken whole (the rank is its last key) ends
+//     the search: the pivot is the least key a winner may hold, with no ties to split.
 //  4. TakeWinners: (greater, equal) masks against the k-th key and one block scan give each thread
 //     its output slot and its share of the tie quota (lowest columns first); the winners are
 //     staged in column order, then stored (sorted: a stable block radix sort first).

@@ -1,8 +1,9 @@
-// The pieces the two register kernels share: topk_f32_rows.cu (a block a float32 row) and
-// topk_f32_cluster.cu (a thread block cluster a row of float32, bfloat16 or float16). Both hold a
-// thread's contiguous columns as float32 ordered keys in registers (16-bit values widened exactly,
-// kernels/widen_exact.cuh), find the k-th key by 11+11+10-bit radix digits, and take the winners
-// by (greater, equal) masks against it, ties to the lowest columns.
+// The pieces the two register kernels share: topk_f32_rows.cu (a block a row: float32, and 16-bit
+// rows in its many-rows block) and topk_f32_cluster.cu (a thread block cluster a row of float32,
+// bfloat16 or float16). Both hold a thread's contiguous columns as float32 ordered keys in
+// registers (16-bit values widened exactly, kernels/widen_exact.cuh), find the k-th key by
+// 11+11+10-bit radix digits, and take the winners by (greater, equal) masks against it, ties to
+// the lowest columns.
 //
 // Contract: device code only. RowOutput and the per-thread helpers touch no shared memory;
 // StoreStagedWinners is called by every thread of one block (one barrier when sorting).
