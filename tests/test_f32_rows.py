@@ -1,10 +1,12 @@
-"""GPU-only: the register kernel for few float32 rows of at most 32768 columns
-(cuda/kernels/topk_f32_rows.cu, which topk_filtered and top_k take for the shapes where it
-measured faster) against the CPU handler bit for bit: every value family at widths around its
-slice sizes, rows that fool its sample or crowd its candidate buffer, page tables,
-num_valid_rows, sorted output (ranked by count and by the block sort) and values. Every test
-here forces it on (JAX_TOPK_F32_ROWS=always, read at each launch); a subprocess with it off keeps
-the filtered kernel's own short-row routes covered on float32."""
+"""GPU-only: the register kernel for float32 rows of at most 32768 columns, and for many rows of
+at most 8192 of the three types (cuda/kernels/topk_f32_rows.cu, which topk_filtered, topk_bf16
+and top_k take for the shapes where it measured faster) against the CPU handler bit for bit:
+every value family at widths around its slice sizes, rows that fool its sample or crowd its
+candidate buffer, digit bins taken whole, page tables, num_valid_rows, sorted output (ranked by
+count and by the block sort) and values. Each test runs with it forced on (JAX_TOPK_F32_ROWS,
+read at each launch) in both block shapes ("always": the 1024-thread block for these few rows;
+"many": the 256-thread block where the row fits it), or sets the mode it needs itself; a
+subprocess with it off keeps the filtered kernel's own short-row routes covered on float32."""
 
 from __future__ import annotations
 
@@ -26,8 +28,6 @@ pytestmark = [
 ]
 
 
-# "always": the block shape by the rule (1024 threads for these few rows); "many": the 256-thread
-# block wherever the row fits it (at most 8192 columns), as the rule picks for many rows.
 @pytest.fixture(autouse=True, params=["always", "many"])
 def register_kernel_always(request, monkeypatch):
     monkeypatch.setenv("JAX_TOPK_F32_ROWS", request.param)
@@ -186,15 +186,15 @@ def test_top_k_values(family):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("n", [1000, 2049, 8192])
 def test_many_rows_by_the_rule(n, dtype, monkeypatch):
-    """More rows than kF32RowsManyMinRows take the 256-thread block by the default rule, sorted
-    (by count up to 256 winners, by the block radix sort above) or not, 16-bit rows from both
-    operators that reach it: the CPU's bits."""
+    """More rows than kF32RowsManyMinRows take the 256-thread block by the default rule through
+    topk_filtered, sorted (by count up to 256 winners, by the block radix sort above) or not:
+    the CPU's bits (topk_bf16's and top_k's 16-bit rows reach it from 512 rows: the test
+    below)."""
     monkeypatch.delenv("JAX_TOPK_F32_ROWS")
     rng = np.random.default_rng(n)
     scores = np.concatenate(
         [families.make(family, rng, (28, n), dtype) for family in sorted(families.FAMILIES)]
     )
-    ops = ("topk_filtered", "topk_bf16") if dtype == "bfloat16" else ("topk_filtered",)
     rows = len(scores)  # 308, every value family
     lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
     for k, sorted_ in (
@@ -203,12 +203,11 @@ def test_many_rows_by_the_rule(n, dtype, monkeypatch):
         (257, True),
         (1024, True),
         (512, False),
-        (1, False),
     ):
-        for op in ops:
-            same_on_both(op, scores, lengths, k=k, sorted=sorted_)
-    check_top_k_values("nan_mix", (rows, n), 64, dtype)
-    check_top_k_values("heavy_ties", (rows, n), 200, dtype)
+        same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+    if dtype == "float32":  # top_k's 16-bit rows of 308 go to topk_bf16's own kernel
+        check_top_k_values("nan_mix", (rows, n), 64)
+        check_top_k_values("heavy_ties", (rows, n), 200)
 
 
 def top_k_same_on_both(scores, lengths, k, sorted_):
@@ -244,19 +243,28 @@ def test_16bit_families_in_the_many_rows_block(n, dtype, monkeypatch):
                     top_k_same_on_both(scores, lengths, k, sorted_)
 
 
+@pytest.mark.parametrize("rows", [512, 2048])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_16bit_thousands_of_rows_by_the_rule(dtype, monkeypatch):
-    """top_k of 2048 16-bit rows of 1000 columns takes the 256-thread block over topk_bf16's
-    kernel by the default rule (so do 512 such rows): every value family, random lengths."""
+def test_16bit_hundreds_of_rows_by_the_rule(dtype, rows, monkeypatch):
+    """top_k (and topk_bf16) of 512 or 2048 16-bit rows of 1000 columns take the 256-thread block
+    over topk_bf16's kernel by the default rule: every value family, random lengths."""
     monkeypatch.delenv("JAX_TOPK_F32_ROWS")
-    rng = np.random.default_rng(len(dtype))
+    rng = np.random.default_rng(rows + len(dtype))
     families_ = sorted(families.FAMILIES)
     scores = np.concatenate(
-        [families.make(f, rng, (2048 // len(families_) + 1, 1000), dtype) for f in families_]
-    )[:2048]
-    lengths = rng.integers(-2, 1003, size=len(scores)).astype(np.int32)
+        [families.make(f, rng, (rows // len(families_) + 1, 1000), dtype) for f in families_]
+    )[:rows]
+    lengths = rng.integers(-2, 1003, size=rows).astype(np.int32)
     for k, sorted_ in ((64, True), (300, True), (100, False)):
         top_k_same_on_both(scores, lengths, k, sorted_)
+        if dtype == "bfloat16":
+            same_on_both("topk_bf16", scores, lengths, k=k, sorted=sorted_)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_page_table_and_num_valid_rows_in_the_many_rows_block(dtype, monkeypatch):
+    monkeypatch.setenv("JAX_TOPK_F32_ROWS", "many")
+    check_page_table_and_num_valid_rows(4096, dtype)
 
 
 def test_filtered_kernel_short_float32_rows_when_switched_off():

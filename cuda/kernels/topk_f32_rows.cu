@@ -295,7 +295,9 @@ bool ManyRowsShape(const TopkProblem& problem) {
 bool TopkF32RowsForced() { return ModeIs("always") || ModeIs("wide") || ModeIs("many"); }
 
 bool TopkF32RowsServes(const TopkProblem& problem) {
-  if (problem.width > kF32RowsMaxWidth || ModeIs("off")) return false;
+  // A block a row: more than INT_MAX rows stay with the filtered queue, which counts them in 64
+  // bits.
+  if (problem.width > kF32RowsMaxWidth || problem.rows > INT_MAX || ModeIs("off")) return false;
   // 16-bit rows: the many-rows block alone (measured 2.9x faster than the filtered kernel's
   // queue at 2048 x 8192, benches/NOTES.md "topk_f32_rows: 16-bit rows").
   if (problem.score_type != ScoreType::kFloat32) return ManyRowsShape(problem);
