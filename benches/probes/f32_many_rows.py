@@ -120,12 +120,8 @@ def main():
         if op == "top_k":
             lax = jax.jit(lambda x, lens, k=k: jax.lax.top_k(x, k))
             lax_values = np.asarray(lax(*sets[0])[0])
-            same &= bool(
-                np.array_equal(
-                    lax_values.view(np.uint16 if dtype != "float32" else np.uint32),
-                    reference[0].view(np.uint16 if dtype != "float32" else np.uint32),
-                )
-            )
+            raw = np.uint32 if dtype == "float32" else np.uint16
+            same &= bool(np.array_equal(lax_values.view(raw), reference[0].view(raw)))
             lax_us = f"{device_time_us(lax, sets, 8):.1f}"
             torch_result = torch_topk_us([s[0] for s in sets], k, 8)
             torch_us = f"{torch_result[0]:.1f}" if torch_result else "-"

@@ -30,10 +30,10 @@ cudaError_t LaunchTopkSmallRows(const TopkProblem& problem, cudaStream_t stream)
 // topk_f32_rows: a block per float32 row of width <= kF32RowsMaxWidth, the row in its registers
 // (1024 threads; 256 for more than kF32RowsManyMinRows rows of at most kF32RowsManyMaxWidth
 // columns or kF32RowsNarrowMinRows of kF32RowsNarrowWidth, which also takes such bfloat16 and
-// float16 rows); LaunchTopkFiltered hands it the
-// calls TopkF32RowsServes, LaunchTopkBf16 those TopkF32RowsBeatsTopkBf16 (the row counts and
-// widths where it measured faster; the environment variable JAX_TOPK_F32_ROWS=off, =always,
-// =wide or =many overrides that at each launch, for benchmarks and tests).
+// float16 rows); LaunchTopkFiltered hands it the calls TopkF32RowsServes, LaunchTopkBf16 those
+// TopkF32RowsBeatsTopkBf16 (the row counts and widths where it measured faster; the environment
+// variable JAX_TOPK_F32_ROWS=off, =always, =wide or =many overrides that at each launch, for
+// benchmarks and tests).
 constexpr int kF32RowsMaxWidth = 32768;
 constexpr int kF32RowsManyMaxWidth = 8192;
 constexpr int kF32RowsManyMinRows = 132;

@@ -137,11 +137,9 @@ __device__ __forceinline__ Pivot FindPivot(Shared<kThreads>& s, const RowKeys<kE
 #pragma unroll
     for (int i = 0; i < kElems; ++i) visit(row.key[i]);
   };
-  // A slice no larger than the candidate buffer: the digits read the registers, as cheap as the
-  // gathered keys would be, without the gather.
-  if (valid <= kCandidates && kElems * kThreads <= kCandidates) {
-    return SelectRank<3, true>(s, k, row_keys);
-  }
+  // Slices no larger than the candidate buffer (so at most kCandidates valid keys): the digits
+  // read the registers, as cheap as the gathered keys would be, without the gather.
+  if constexpr (kElems * kThreads <= kCandidates) return SelectRank<3, true>(s, k, row_keys);
   uint32_t cutoff = 1;  // every valid key
   if (valid > kCandidates) {
     // The sample's rank for k, plus a slack of ~3 standard deviations (sqrt of the rank) and 16.
