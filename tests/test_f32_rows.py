@@ -189,8 +189,10 @@ def test_many_rows_by_the_rule(n, dtype, monkeypatch):
     """More rows than kF32RowsManyMinRows take the 256-thread block by the default rule through
     topk_filtered, sorted (by count up to 256 winners, by the block radix sort above) or not:
     the CPU's bits (topk_bf16's and top_k's 16-bit rows reach it from 512 rows: the test
-    below)."""
+    below). topk_filtered hands 16-bit rows this short to topk_bf16's kernel unless
+    JAX_TOPK_SHORT_16BIT=own, set here so that its own rule is what runs."""
     monkeypatch.delenv("JAX_TOPK_F32_ROWS")
+    monkeypatch.setenv("JAX_TOPK_SHORT_16BIT", "own")
     rng = np.random.default_rng(n)
     scores = np.concatenate(
         [families.make(family, rng, (28, n), dtype) for family in sorted(families.FAMILIES)]

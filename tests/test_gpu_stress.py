@@ -22,6 +22,9 @@ pytestmark = [
 ]
 
 
+SIXTEEN_BIT = ("bfloat16", "float16")
+
+
 def assert_same_on_both(op, scores, lengths, **kwargs):
     gpu = run_op(op, "gpu", scores, lengths, **kwargs)
     cpu = run_op(op, "cpu", scores, lengths, **kwargs)
@@ -112,6 +115,34 @@ def test_k1_rows(rows, n, dtype, argmax_mode, monkeypatch):
             table = np.stack([rng.permutation(pages) for _ in range(rows)]).astype(np.int32)
             assert_same_on_both(op, scores, lengths, k=1, page_table=table, page_size=64)
     assert_top_k_same_bits(scores, 1, lengths, True)
+
+
+@pytest.mark.parametrize("route", ["default", "own"])
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT)
+@pytest.mark.parametrize("rows, n", [(40, 7), (40, 4097), (300, 8192), (6, 12345), (132, 16384)])
+def test_filtered_short_16bit_rows(rows, n, dtype, route, monkeypatch):
+    """topk_filtered's 16-bit rows of at most 16384 columns, which it hands to topk_bf16's kernel
+    (route "default") or keeps on its own (JAX_TOPK_SHORT_16BIT=own, read at each launch: the
+    cluster for few rows, the register block for many short ones, else the queue), against the
+    CPU bit for bit: every value family, lengths around k, both orders, page tables,
+    num_valid_rows and top_k's values through the op."""
+    if route == "own":
+        monkeypatch.setenv("JAX_TOPK_SHORT_16BIT", "own")
+    rng = np.random.default_rng(rows + n + len(dtype))
+    names = sorted(families.FAMILIES)
+    scores = np.concatenate(
+        [families.make(name, rng, (rows // len(names) + 1, n), dtype) for name in names]
+    )[rng.permutation(rows)]
+    lengths = families.edge_lengths(512, n, rows, rng)
+    for k, sorted_ in ((512, False), (512, True), (2048, True), (64, True)):
+        assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
+    out = assert_same_on_both(
+        "topk_filtered", scores, lengths, k=2048, num_valid_rows=np.int32(rows // 2)
+    )
+    assert (out[rows // 2 :] == -1).all()
+    if n >= 64:
+        table = np.stack([rng.permutation(-(-n // 64)) for _ in range(rows)]).astype(np.int32)
+        assert_same_on_both("topk_filtered", scores, lengths, k=300, page_table=table, page_size=64)
 
 
 def sample_foolers(rng, rows, n):
@@ -318,7 +349,6 @@ def test_filtered_split_parts_past_the_bitmap():
 # 16-bit rows in topk_filtered: read at two bytes an element, so a row of width n starts at a
 # 16-byte boundary only when n % 8 == 0; the widths below cover every n % 8, with rows of the
 # single-block, split and exact routes, sample foolers and long runs of ties.
-SIXTEEN_BIT = ("bfloat16", "float16")
 
 
 def as_dtype(scores, dtype):

@@ -15,6 +15,7 @@
 // Limits: width <= kMaxBf16Width = 512 * 32, k <= kMaxK (staged in shared memory), rows < 2^31.
 // k = 1 goes to topk_argmax.cu, and hundreds to thousands of rows of at most kF32RowsNarrowWidth
 // columns to topk_f32_rows.cu's 256-thread block (both where they measured faster).
+// topk_filtered hands this kernel its 16-bit rows of at most kMaxBf16Width columns.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -756,6 +757,20 @@ cudaError_t LaunchForScores(const TopkProblem& problem, cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool TopkBf16TakesFilteredRows(const TopkProblem& problem) {
+  // 16-bit rows that fit one block: every row a block of this kernel, measured 1.4-4.8x faster
+  // than topk_filtered's own kernels (its cluster, its 256-thread register block, its queue) on
+  // bfloat16 and float16 rows of 4096-16384 columns, 1-2048 rows, k 64-2048 (benches/NOTES.md
+  // "topk_filtered's short 16-bit rows"). JAX_TOPK_SHORT_16BIT=own (read at each launch)
+  // keeps them on topk_filtered's own kernels, for benchmarks and tests.
+  if (problem.score_type == ScoreType::kFloat32 || problem.width > kMaxBf16Width ||
+      problem.rows > INT32_MAX) {
+    return false;
+  }
+  const char* const mode = std::getenv("JAX_TOPK_SHORT_16BIT");
+  return mode == nullptr || std::strcmp(mode, "own") != 0;
+}
 
 cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream) {
   if (problem.rows == 0) return cudaSuccess;

@@ -13,6 +13,10 @@ namespace jax_topk {
 
 // topk_bf16: width <= kMaxBf16Width, bfloat16 or float16 scores; writes `values` when not null.
 cudaError_t LaunchTopkBf16(const TopkProblem& problem, cudaStream_t stream);
+// topk_filtered's calls that LaunchTopkBf16 serves instead: 16-bit rows of at most
+// kMaxBf16Width columns (measured faster at every shape); JAX_TOPK_SHORT_16BIT=own, read at each
+// launch, keeps them on topk_filtered's own kernels (benchmarks, tests).
+bool TopkBf16TakesFilteredRows(const TopkProblem& problem);
 
 // topk_filtered: float32, bfloat16 or float16 scores of any width; values when asked.
 // `workspace` is a device buffer of `workspace_bytes` (an extra output of the custom call,

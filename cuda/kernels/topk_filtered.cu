@@ -13,7 +13,8 @@
 // Modes (launch_plan.cuh picks): a queue of rows for a pool of workers (queue_worker.cuh), or a
 // thread block cluster per row whose blocks add up their histograms (cluster_split.cuh).
 // Traffic: the sample (<= 1/8 of the row) + one read. Limits: width < 2^31, k <= kMaxK.
-// k = 1 goes to topk_argmax.cu where TopkArgmaxServes says so. Few rows of at most
+// k = 1 goes to topk_argmax.cu where TopkArgmaxServes says so, 16-bit rows of at most
+// kMaxBf16Width columns to topk_bf16.cu (TopkBf16TakesFilteredRows). Few rows of at most
 // kF32ClusterMaxWidth float32 (kF32ClusterMaxWidth16 16-bit) columns go to
 // topk_f32_cluster.cu instead, and some more rows of at most kF32RowsMaxWidth columns (16-bit:
 // many rows of at most kF32RowsManyMaxWidth) to topk_f32_rows.cu.
@@ -36,6 +37,7 @@ cudaError_t LaunchTopkFiltered(const TopkProblem& problem, void* workspace, size
   // A sibling forced by the environment (its tests, benchmarks) takes k = 1 calls too.
   const bool sibling_forced = TopkF32ClusterForced() || TopkF32RowsForced();
   if (!sibling_forced && TopkArgmaxServes(problem)) return LaunchTopkArgmax(problem, stream);
+  if (!sibling_forced && TopkBf16TakesFilteredRows(problem)) return LaunchTopkBf16(problem, stream);
   if (TopkF32ClusterServes(problem)) return LaunchTopkF32Cluster(problem, stream);
   if (TopkF32ClusterRequired()) return cudaErrorNotSupported;  // tests: it alone, or an error
   if (TopkF32RowsServes(problem)) return LaunchTopkF32Rows(problem, stream);

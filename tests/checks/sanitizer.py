@@ -251,6 +251,12 @@ def main():
         # NaN rows (the kernel's rewrite path) and rows of signed zeros (its zero-pivot path).
         (jax_topk.topk_bf16, _nan_and_zero_rows(rng, 12, 9001), dict(k=512)),
         (jax_topk.topk_filtered, rng.standard_normal((3, 100_003), np.float32), dict(k=2048)),
+        # 16-bit rows of <= 16384 columns: topk_filtered hands them to topk_bf16's kernel.
+        (
+            jax_topk.topk_filtered,
+            _nan_and_zero_rows(rng, 12, 12_345).astype(np.float16),
+            dict(k=2048),
+        ),
         # k = 1 by topk_argmax: short rows (unaligned: element loads), many long rows (vectors).
         (jax_topk.topk_filtered, _nan_and_zero_rows(rng, 300, 4097), dict(k=1)),
         (jax_topk.topk_filtered, rng.standard_normal((270, 40_000), np.float32), dict(k=1)),
