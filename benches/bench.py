@@ -156,6 +156,7 @@ def gpu_shapes() -> list[Shape]:
     shapes += [  # short float32 rows: the filtered kernel, and the register kernel's many rows
         Shape("top_k", "float32", rows, n, 64, "full") for rows, n in ((2048, 16384), (8192, 1024))
     ]
+    shapes += [Shape("top_k", "bfloat16", 8192, 1024, 64, "full")]  # a warp a row, k past 32
     shapes += [  # 16-bit indexer rows, values and indices; k above the kernels' 2048
         Shape("top_k", "bfloat16", 5536, 131072, 2048, "causal"),
         Shape("top_k", "bfloat16", 32, 131072, 2048, "full"),

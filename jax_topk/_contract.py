@@ -27,6 +27,7 @@ MAX_K = _jax_topk_cpu.MAX_K  # the native code's limits, one definition
 MAX_BF16_WIDTH = _jax_topk_cpu.MAX_BF16_WIDTH
 SMALL_ROWS_MAX_WIDTH = _jax_topk_cpu.SMALL_ROWS_MAX_WIDTH
 SMALL_ROWS_MAX_K = _jax_topk_cpu.SMALL_ROWS_MAX_K
+SMALL_ROWS_MAX_K_BY_ROUNDS = _jax_topk_cpu.SMALL_ROWS_MAX_K_BY_ROUNDS
 FAST_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 MAX_WIDTH = 2**31 - 1  # the result holds int32 column indices
 

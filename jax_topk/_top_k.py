@@ -31,6 +31,7 @@ from ._contract import (
     MAX_BF16_WIDTH,
     MAX_K,
     SMALL_ROWS_MAX_K,
+    SMALL_ROWS_MAX_K_BY_ROUNDS,
     SMALL_ROWS_MAX_WIDTH,
     Operands,
     Params,
@@ -74,13 +75,33 @@ def max_rounds(rows: int, n: int) -> int:
     return 2
 
 
+def small_rows_take(dtype, n: int, k: int, rows: int) -> bool:
+    """Whether a warp a row serves these rows (n <= 1024, k <= 64). Past
+    SMALL_ROWS_MAX_K_BY_ROUNDS winners it finds them by radix digits, a serial chain that a
+    block a row beats on fewer rows. Measured on an H200 (benches/NOTES.md "small rows: k past
+    32 by digits"; block a row / warp a row, device time):
+
+    | rows | f32 n=1024 k=64 | f32 n=256 k=64 | bf16 n=1024 k=64 | f16 n=512 k=40 |
+    | 128  | 0.50            | 0.82           | 0.61             | 1.27           |
+    | 512  | 0.65            | 1.10           | 1.02             | 1.27           |
+    | 1024 | 1.00            | 1.67           | 1.60             | 1.98           |
+    | 2048 | 1.39            | 2.65           | 2.23             | 2.87           |"""
+    if n > SMALL_ROWS_MAX_WIDTH or k > SMALL_ROWS_MAX_K:
+        return False
+    if k <= SMALL_ROWS_MAX_K_BY_ROUNDS:
+        return True
+    if dtype.itemsize == 2:
+        return rows >= (128 if n <= 512 else 512)
+    return rows >= (512 if n <= 512 else 1024)
+
+
 def route(dtype, n: int, k: int, rows: int = 1) -> Route:
     """The kernel for `rows` rows of `n` elements of `dtype` and `k` winners."""
     if dtype not in FAST_DTYPES:
         return Route.SORT
     if k > MAX_K:
         return Route.ROUNDS if rounds(k) <= max_rounds(rows, n) else Route.SORT
-    if n <= SMALL_ROWS_MAX_WIDTH and k <= SMALL_ROWS_MAX_K:
+    if small_rows_take(dtype, n, k, rows):
         return Route.SMALL_ROWS
     if dtype.itemsize == 2 and n <= MAX_BF16_WIDTH:
         return Route.REGISTER_ROWS

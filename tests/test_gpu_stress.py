@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import jax_topk
+from jax_topk import _top_k
 from tests.support import families
 from tests.support.operators import device_for, gpu_devices, run_op
 from tests.support.processes import run_python
@@ -143,6 +144,39 @@ def test_filtered_short_16bit_rows(rows, n, dtype, route, monkeypatch):
     if n >= 64:
         table = np.stack([rng.permutation(-(-n // 64)) for _ in range(rows)]).astype(np.int32)
         assert_same_on_both("topk_filtered", scores, lengths, k=300, page_table=table, page_size=64)
+
+
+@pytest.mark.parametrize("mode", ["default", "digits"])
+@pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
+@pytest.mark.parametrize("n", [1, 7, 33, 256, 257, 513, 1000, 1024])
+def test_small_rows_by_digits(n, dtype, mode, monkeypatch):
+    """top_k's warp-a-row kernel (rows of <= 1024 columns, k <= 64; 1024 rows, which top_k's
+    route gives it past 32 winners): k past 32 (16-bit: 24) takes the k-th key by 8-bit
+    digits, and JAX_TOPK_SMALL_ROWS=digits (read at each launch) sends every k there; values
+    and indices against the CPU bit for bit, every value family, lengths around k and the
+    row's end, both orders. Rows of one repeated key, keys that share all but their last
+    digit, and k-th keys tied across lanes reach each digit's early stop and the quota."""
+    if mode == "digits":
+        monkeypatch.setenv("JAX_TOPK_SMALL_ROWS", "digits")
+    rng = np.random.default_rng(n * 3 + len(dtype) + len(mode))
+    rows = 1024
+    assert _top_k.route(np.dtype(dtype), n, min(64, n), rows) is _top_k.Route.SMALL_ROWS
+    names = sorted(families.FAMILIES)
+    scores = np.concatenate(
+        [families.make(name, rng, (rows // len(names) + 1, n), dtype) for name in names]
+    )[rng.permutation(rows)]
+    bits = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    # Keys one digit apart from the top: a block of values differing only in the lowest bits.
+    base = np.array(1.5, dtype).view(bits)
+    scores[0] = (base + rng.integers(0, 4, size=n).astype(bits)).view(dtype)
+    scores[1] = np.array(0.25, dtype)  # one key: the whole row ties
+    scores[2] = np.where(rng.random(n) < 0.5, 0.0, -0.0).astype(dtype)
+    ks = (1, 8, 32, 33, 50, 64) if mode == "digits" else (28, 33, 50, 63, 64)
+    for k in sorted({min(k, n) for k in ks}):  # k = n where the row is shorter
+        lengths = families.edge_lengths(k, n, rows, rng)
+        for sorted_ in (True, False):
+            assert_top_k_same_bits(scores, k, lengths, sorted_, err_msg=f"k={k}")
+        assert_top_k_same_bits(scores, k, None, True, err_msg=f"k={k} no lengths")
 
 
 def sample_foolers(rng, rows, n):

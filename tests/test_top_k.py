@@ -225,6 +225,25 @@ def test_rounds_at_their_boundaries(backend, dtype):
                     assert_same_bits(np.asarray(values), ref_values, msg)
 
 
+def test_route_of_short_rows():
+    """Rows of <= 1024 columns: a warp a row for k <= 32 at any row count; past 32 winners
+    (by digits) from the row counts where it measured faster than a block a row."""
+    from jax_topk._top_k import Route, route
+
+    f32, bf16 = np.dtype("float32"), np.dtype(ml_dtypes.bfloat16)
+    assert route(f32, 256, 8, rows=1) is Route.SMALL_ROWS
+    assert route(f32, 1024, 32, rows=1) is Route.SMALL_ROWS
+    assert route(f32, 1024, 64, rows=1024) is Route.SMALL_ROWS
+    assert route(f32, 1024, 64, rows=1023) is Route.FILTERED
+    assert route(f32, 256, 33, rows=512) is Route.SMALL_ROWS
+    assert route(f32, 256, 33, rows=511) is Route.FILTERED
+    assert route(bf16, 1024, 64, rows=512) is Route.SMALL_ROWS
+    assert route(bf16, 1024, 64, rows=511) is Route.REGISTER_ROWS
+    assert route(bf16, 512, 40, rows=128) is Route.SMALL_ROWS
+    assert route(bf16, 1025, 8, rows=65536) is Route.REGISTER_ROWS
+    assert route(f32, 1024, 65, rows=65536) is Route.FILTERED
+
+
 def test_route_past_2048():
     """k past 2048 goes to rounds while they beat one sort of the rows (2 rounds always, 4
     from 2^21 elements, 8 from 8 rows of 65536 or more), then to the sort; dtypes the

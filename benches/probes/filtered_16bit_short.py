@@ -19,8 +19,7 @@ import numpy as np
 import jax_topk
 from benches import scores as scores_of
 from benches.bench import device_time_us
-from jax_topk._contract import Operands, Params
-from jax_topk._primitives import PRIMITIVES
+from benches.probes.primitives import bind_topk
 
 ROWS = (1, 8, 32, 132, 512, 2048)
 SHAPES = [  # (dtype, rows, n, k, sorted, causal lengths)
@@ -43,23 +42,7 @@ VARIANTS = ("own", "default", "bf16")
 def topk_bf16_kernel(scores, lengths, *, k, sorted):
     """topk_bf16's primitive, which takes float16 rows too (top_k binds it so; the public
     jax_topk.topk_bf16 accepts bfloat16 alone)."""
-    params = Params(
-        op="topk_bf16",
-        k=k,
-        log2_page_size=0,
-        sorted=sorted,
-        has_page_table=False,
-        has_table_rows=False,
-        has_num_valid_rows=False,
-    )
-    operands = Operands(
-        scores=scores,
-        lengths=lengths,
-        page_table=Operands.absent(2),
-        table_rows=Operands.absent(1),
-        num_valid_rows=Operands.absent(1),
-    )
-    (indices,) = PRIMITIVES["topk_bf16"].bind(*operands, params=params)
+    (indices,) = bind_topk("topk_bf16", scores, lengths, k=k, sorted=sorted)
     return indices
 
 

@@ -18,9 +18,11 @@ namespace jax_topk {
 constexpr int kMaxK = 2048;                // both operators: 1 <= k <= kMaxK
 constexpr int kMaxBf16Width = 16384;       // topk_bf16: a whole row fits one block's registers
 constexpr int64_t kMaxWidth = 2147483647;  // int32 column indices
-// The small-row kernel (top_k): a warp a row, the row in its registers, a few winners.
+// The small-row kernel (top_k): a warp a row, the row in its registers, a few winners; past
+// kSmallRowsMaxKByRounds winners it finds them by radix digits, which pay from hundreds of rows.
 constexpr int kSmallRowsMaxWidth = 1024;
-constexpr int kSmallRowsMaxK = 32;
+constexpr int kSmallRowsMaxK = 64;
+constexpr int kSmallRowsMaxKByRounds = 32;
 constexpr int32_t kEmptySlot = -1;  // output slots past the number of candidates
 
 // Ordered keys: unsigned compare of the key == IEEE total order of the value

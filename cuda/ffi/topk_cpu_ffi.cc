@@ -95,6 +95,7 @@ NB_MODULE(_jax_topk_cpu, m) {
   m.attr("MAX_BF16_WIDTH") = jax_topk::kMaxBf16Width;
   m.attr("SMALL_ROWS_MAX_WIDTH") = jax_topk::kSmallRowsMaxWidth;
   m.attr("SMALL_ROWS_MAX_K") = jax_topk::kSmallRowsMaxK;
+  m.attr("SMALL_ROWS_MAX_K_BY_ROUNDS") = jax_topk::kSmallRowsMaxKByRounds;
   m.attr("MAX_MERGE_WIDTH") = jax_topk::kMaxMergeWidth;
   m.def("filtered_workspace_bytes", &jax_topk::FilteredWorkspaceBytes, nb::arg("rows"),
         nb::arg("width"), nb::arg("k"),

@@ -72,4 +72,17 @@ __device__ __forceinline__ void ForEachSetBit(uint32_t flags, const Visit& visit
   }
 }
 
+// The lowest `count` set bits of mask (all of them when it has no more; none when count <= 0):
+// a quota of tied values taken lowest column first.
+__device__ __forceinline__ uint32_t LowestSetBits(uint32_t mask, int count) {
+  if (count >= __popc(mask)) return mask;
+  uint32_t taken = 0;
+  for (; count > 0; --count) {
+    const uint32_t lowest = mask & (0u - mask);
+    taken |= lowest;
+    mask ^= lowest;
+  }
+  return taken;
+}
+
 }  // namespace jax_topk

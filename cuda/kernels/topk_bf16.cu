@@ -28,6 +28,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "kernels/set_bits.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
 
@@ -238,18 +239,6 @@ __device__ __forceinline__ int SliceElems(int length) {
   static_assert(kElemsPerThread % 8 == 0, "slices are whole 16-byte vectors");
   const int needed = ((length + kThreadsPerRow - 1) / kThreadsPerRow + 7) & ~7;
   return needed < 8 ? 8 : (needed > kElemsPerThread ? kElemsPerThread : needed);
-}
-
-// The lowest `count` set bits of mask (count <= popcount(mask)).
-__device__ __forceinline__ uint32_t LowestSetBits(uint32_t mask, int count) {
-  if (count >= __popc(mask)) return mask;
-  uint32_t taken = 0;
-  for (; count > 0; --count) {
-    const uint32_t lowest = mask & (0u - mask);
-    taken |= lowest;
-    mask ^= lowest;
-  }
-  return taken;
 }
 
 // Run by one warp: finds the bin holding the rank-th largest value (rank >= 1). Lane L covers the

@@ -1,19 +1,27 @@
 // topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row.
 // 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
 //    aligned); NaN and columns past the length get key 0, never a candidate.
-// 2. k rounds of a warp max (redux.sync) over lane maxima (2 a lane past k = 16), each dropping
-//    the maxima at it: k keys reach the last max T, so every winner does (~9 of 256 at k = 8).
-// 3. Keys >= T go in column order (one warp scan) to the warp's shared buffer. At most 32 (nearly
-//    always at k <= 16): lane i counts the candidates ahead of candidate i (one 64-bit compare of
-//    (key, inverted column) each, broadcast reads, no cross-lane dependency): that is its rank.
-//    More: min(k, count) rounds of two redux.sync (max key, min column) over 2 or E slots a lane.
+// 2. Few winners (k <= 32 float32, <= 24 16-bit): k rounds of a warp max (redux.sync) over lane
+//    maxima (2 a lane past k = 16), each dropping the maxima at it: k keys reach the last max T,
+//    so every winner does (~9 of 256 at k = 8). More: the k-th key exactly, by 8-bit digits of
+//    the keys from the top, each counted in the warp's own 256 shared bins (a digit whose bin the
+//    rank takes whole ends it), so the winners are the keys above it and the lowest columns of
+//    its copies: exactly k.
+// 3. Keys >= T (or the winners) go in column order (one warp scan) to the warp's shared buffer.
+//    At most 64 (nearly always at k <= 16; always by digits): lane i counts the candidates ahead
+//    of its one or two (one 64-bit compare of (key, inverted column) each, broadcast reads, no
+//    cross-lane dependency): that is its rank. More: min(k, count) rounds of two redux.sync (max
+//    key, min column) over 2 or E slots a lane.
 // Instruction-bound (f32 [65536, 256] k = 8: ~400 a row). Limits: kSmallRowsMax* (topk_common.h).
+// JAX_TOPK_SMALL_ROWS=digits (read at each launch) takes step 2 by digits at every k (tests).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/topk_common.h"
+#include "kernels/set_bits.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
 
@@ -25,7 +33,13 @@ constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreadsPerBlock = kWarpsPerBlock * kWarpSize;
 constexpr int kMaxElemsPerLane = kSmallRowsMaxWidth / kWarpSize;
-static_assert(kSmallRowsMaxK <= kWarpSize, "each winner's empty-slot write is one lane's");
+// Past these k, step 2 runs by digits (each round of the max costs a reduction a winner):
+// kSmallRowsMaxKByRounds (topk_common.h) for float32 keys (four digits), fewer for 16-bit ones
+// (two digits; measured on the H200, benches/NOTES.md "small rows: k past 32 by digits": digits
+// 1.4-2x faster at k = 32, even at 24, slower at 16).
+constexpr int kMaxKByRounds16 = 24;
+static_assert(kSmallRowsMaxK <= 2 * kWarpSize, "winners rank, and empty slots fill, two a lane");
+constexpr int kDigitBins = 256;  // step 2 by digits: 8 bits of the key a pass
 static_assert(kSmallRowsMaxWidth <= 0xFFFF, "a column fits the low 16 bits of a slot");
 
 // Key 0 marks "no candidate": every non-NaN value's ordered key is above it (-inf's is 0x7F or
@@ -147,6 +161,78 @@ __device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kE
   return max(threshold, kNoCandidate + 1);
 }
 
+// Step 2 by digits: which keys win. The keys above `key` all do, and the first `quota` keys
+// equal to it in column order (none when quota is 0).
+struct Boundary {
+  uint32_t key;
+  int quota;
+};
+
+// By all lanes, with `candidates` (valid keys in the row) > k: the k-th largest key, 8 bits at a
+// time from the top. Each digit counts the keys that share the digits found so far in `bins` (the
+// warp's own 256 shared ints); lane L walks bins 255 - 8L down to 248 - 8L, and one warp scan
+// finds the bin holding the rank. A bin the rank takes whole settles the search early: the winners
+// are then every key at or above its least key. kKeyBits is 32 (float32) or 16.
+template <int kKeyBits, int kElems>
+__device__ __forceinline__ Boundary KthKeyByDigits(const uint32_t (&keys)[kElems], int k,
+                                                   int* bins) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  uint32_t prefix = 0;        // the k-th key's digits found so far, in place
+  uint32_t prefix_mask = 0;   // the bits they cover
+  int rank = k;               // the k-th key's rank among the keys that share the prefix
+#pragma unroll 1
+  for (int shift = kKeyBits - 8; shift >= 0; shift -= 8) {
+    reinterpret_cast<int4*>(bins)[2 * lane] = make_int4(0, 0, 0, 0);
+    reinterpret_cast<int4*>(bins)[2 * lane + 1] = make_int4(0, 0, 0, 0);
+    __syncwarp();
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) {
+      if (keys[e] != kNoCandidate && (keys[e] & prefix_mask) == prefix) {
+        atomicAdd(&bins[(keys[e] >> shift) & (kDigitBins - 1)], 1);
+      }
+    }
+    __syncwarp();
+    const int top = kDigitBins - 1 - 8 * lane;  // this lane's highest bin
+    const int4 upper = reinterpret_cast<const int4*>(bins)[2 * (kWarpSize - 1 - lane) + 1];
+    const int4 lower = reinterpret_cast<const int4*>(bins)[2 * (kWarpSize - 1 - lane)];
+    const int counts[8] = {upper.w, upper.z, upper.y, upper.x,
+                           lower.w, lower.z, lower.y, lower.x};  // bins top, top - 1, ...
+    int lane_count = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) lane_count += counts[i];
+    const int at_or_above = WarpInclusiveSum(lane_count);
+    int above = at_or_above - lane_count;
+    const bool holds_rank = above < rank && rank <= at_or_above;  // one lane: rank <= the total
+    int bin = 0;
+    int bin_above = 0;
+    int bin_count = 0;
+    if (holds_rank) {
+      bool found = false;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (!found && above + counts[i] >= rank) {
+          found = true;
+          bin = top - i;
+          bin_above = above;
+          bin_count = counts[i];
+        }
+        above += counts[i];
+      }
+    }
+    const int owner = __ffs(__ballot_sync(kFullWarp, holds_rank)) - 1;
+    bin = __shfl_sync(kFullWarp, bin, owner);
+    bin_above = __shfl_sync(kFullWarp, bin_above, owner);
+    bin_count = __shfl_sync(kFullWarp, bin_count, owner);
+    __syncwarp();  // every lane has read the bins before the next digit clears them
+    prefix |= static_cast<uint32_t>(bin) << shift;
+    prefix_mask |= static_cast<uint32_t>(kDigitBins - 1) << shift;
+    rank -= bin_above;
+    // The whole bin wins: every key >= its least key (and never key 0, which no bin counts).
+    if (rank == bin_count) return {max(prefix, kNoCandidate + 1) - 1, 0};
+  }
+  return {prefix, rank};  // the k-th key itself, `rank` of its copies taken
+}
+
 // Where one row's winners go: column (page-transformed) and value at a slot of the row.
 template <typename Rules>
 struct RowOutput {
@@ -171,33 +257,56 @@ struct RowOutput {
   }
 };
 
-// Step 3 when the candidates fit one a lane (nearly always at k <= 16): candidate `lane`'s rank
-// is the number of candidates ahead of it (higher key, or equal key and lower column), counted
-// over broadcast reads of the buffer that depend on no other lane: ~6 instructions a candidate,
-// where SelectAndWrite's rounds take two dependent reductions a winner.
-template <typename Rules>
+// Step 3 when the candidates fit kSlots a lane (one nearly always at k <= 16; two for the
+// winners of step 2 by digits): candidate s * 32 + lane's rank is the number of candidates ahead
+// of it (higher key, or equal key and lower column), counted over broadcast reads of the buffer
+// that depend on no other lane: ~6 instructions a candidate, where SelectAndWrite's rounds take
+// two dependent reductions a winner. k <= 32 * kOutputRounds.
+template <typename Rules, int kSlots, int kOutputRounds>
 __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
                                              const TopkProblem& problem, int64_t row) {
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const uint2 mine = lane < candidates ? candidates_buffer[lane]
-                                       : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
   const auto order_word = [](uint2 entry) {
     return (static_cast<uint64_t>(entry.x) << 32) | entry.y;
   };
-  const uint64_t my_word = order_word(mine);
-  int rank = 0;
+  uint2 mine[kSlots];
+  uint64_t my_word[kSlots];
+  int rank[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int index = s * kWarpSize + lane;
+    mine[s] = index < candidates ? candidates_buffer[index]
+                                 : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
+    my_word[s] = order_word(mine[s]);
+    rank[s] = 0;
+  }
 #pragma unroll 4
   for (int other = 0; other < candidates; ++other) {
-    rank += order_word(candidates_buffer[other]) > my_word ? 1 : 0;
+    const uint64_t other_word = order_word(candidates_buffer[other]);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) rank[s] += other_word > my_word[s] ? 1 : 0;
   }
   const int k = problem.k;
-  const bool taken = lane < candidates && rank < k;
-  // sorted = false: column order, which is the buffer's.
-  const int slot =
-      problem.sorted ? rank : __popc(__ballot_sync(kFullWarp, taken) & ((1u << lane) - 1));
   const RowOutput<Rules> output(problem, row);
-  if (taken) output.Winner(slot, InvertedColumn(mine.y), mine.x);
-  if (lane >= candidates && lane < k) output.Empty(lane);
+  int taken_before = 0;  // sorted = false: winners in lower slots (lower columns) so far
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const bool taken = s * kWarpSize + lane < candidates && rank[s] < k;
+    // sorted = false: column order, which is the buffer's.
+    int slot = rank[s];
+    if (!problem.sorted) {
+      const uint32_t taken_lanes = __ballot_sync(kFullWarp, taken);
+      slot = taken_before + __popc(taken_lanes & ((1u << lane) - 1));
+      taken_before += __popc(taken_lanes);
+    }
+    if (taken) output.Winner(slot, InvertedColumn(mine[s].y), mine[s].x);
+  }
+  const int winners = candidates < k ? candidates : k;
+#pragma unroll
+  for (int round = 0; round < kOutputRounds; ++round) {
+    const int slot = round * kWarpSize + lane;
+    if (slot >= winners && slot < k) output.Empty(slot);
+  }
 }
 
 // Step 3's rounds, by all lanes, with kSlots slots a lane: slot s of lane L holds candidate
@@ -258,12 +367,62 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
   if (lane >= winners && lane < k) output.Empty(lane);
 }
 
+// Steps 2 and 3 by digits, by all lanes: the winners (keys above the boundary, then its copies
+// lowest column first) go to the warp's buffer in column order, min(k, valid keys) of them, and
+// RankAndWrite orders them (every one a winner, one or two a lane).
 template <typename Rules, int kElems>
+__device__ __forceinline__ void SelectByDigits(const uint32_t (&keys)[kElems], int first_column,
+                                               int* bins, uint2* warp_buffer,
+                                               const TopkProblem& problem, int64_t row) {
+  constexpr int kKeyBits = 8 * sizeof(typename Rules::Bits);
+  const int k = problem.k;
+  int valid = 0;
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) valid += keys[e] != kNoCandidate ? 1 : 0;
+  const int candidates = static_cast<int>(__reduce_add_sync(kFullWarp, valid));
+  // No more valid keys than k: all of them (the keys above key 0).
+  const Boundary boundary = candidates <= k ? Boundary{kNoCandidate, 0}
+                                            : KthKeyByDigits<kKeyBits, kElems>(keys, k, bins);
+  uint32_t greater_bits = 0;
+  uint32_t equal_bits = 0;
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) {
+    greater_bits |= (keys[e] > boundary.key ? 1u : 0u) << e;
+    equal_bits |= (keys[e] == boundary.key ? 1u : 0u) << e;
+  }
+  // The quota of the boundary's copies: lowest columns first (lane order, then slice order).
+  const int equal_count = boundary.quota > 0 ? __popc(equal_bits) : 0;
+  const int equal_before = WarpInclusiveSum(equal_count) - equal_count;
+  const int equal_taken = max(0, min(equal_count, boundary.quota - equal_before));
+  const uint32_t taken_bits = greater_bits | LowestSetBits(equal_bits, equal_taken);
+  const int lane_winners = __popc(taken_bits);
+  const int inclusive = WarpInclusiveSum(lane_winners);
+  const int winners = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
+  uint2* next_entry = warp_buffer + (inclusive - lane_winners);
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) {
+    if ((taken_bits >> e) & 1) {
+      *next_entry++ = make_uint2(keys[e], InvertedColumn(static_cast<uint32_t>(first_column + e)));
+    }
+  }
+  __syncwarp();
+  if (winners <= kWarpSize) {
+    RankAndWrite<Rules, 1, 2>(warp_buffer, winners, problem, row);
+  } else {
+    RankAndWrite<Rules, 2, 2>(warp_buffer, winners, problem, row);
+  }
+}
+
+// kByDigits: step 2 by digits (k past the rounds' limit, or JAX_TOPK_SMALL_ROWS=digits), an instance
+// of its own so that the rounds' instances keep their registers and shared memory.
+template <typename Rules, int kElems, bool kByDigits>
 __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
   using Bits = typename Rules::Bits;
   // (key, InvertedColumn(column)) of each warp's candidates in column order; in full only when a
   // row's candidates are many (ties at the threshold, rows in ascending order).
   __shared__ uint2 candidates_buffer[kWarpsPerBlock][kWarpSize * kElems];
+  // Each warp's digit histogram (step 2 by digits).
+  __shared__ alignas(16) int digit_bins[kByDigits ? kWarpsPerBlock : 1][kByDigits ? kDigitBins : 4];
 
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
@@ -272,7 +431,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   const int k = problem.k;
 
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
-    if (lane < k) RowOutput<Rules>(problem, row).Empty(lane);
+    const RowOutput<Rules> output(problem, row);
+    for (int slot = lane; slot < k; slot += kWarpSize) output.Empty(slot);
     return;
   }
   const int length =
@@ -283,6 +443,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   const int first_column = lane * kElems;
   uint32_t keys[kElems];
   LoadKeys<Rules, kElems>(row_scores, aligned, first_column, length, keys);
+
+  uint2* const warp_buffer = candidates_buffer[warp];
+  if constexpr (kByDigits) {
+    SelectByDigits<Rules, kElems>(keys, first_column, digit_bins[warp], warp_buffer, problem, row);
+    return;
+  }
 
   // Step 2: the threshold.
   const uint32_t threshold =
@@ -295,7 +461,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   const int lane_candidates = __popc(candidate_bits);
   const int inclusive = WarpInclusiveSum(lane_candidates);
   const int candidates = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
-  uint2* const warp_buffer = candidates_buffer[warp];
   uint2* next_entry = warp_buffer + (inclusive - lane_candidates);
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
@@ -306,7 +471,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   __syncwarp();
 
   if (candidates <= kWarpSize) {
-    RankAndWrite<Rules>(warp_buffer, candidates, problem, row);
+    RankAndWrite<Rules, 1, 1>(warp_buffer, candidates, problem, row);
   } else if (candidates <= 2 * kWarpSize) {
     SelectAndWrite<Rules, 2>(warp_buffer, candidates, problem, row);
   } else {
@@ -314,18 +479,30 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   }
 }
 
-template <typename Rules>
-cudaError_t LaunchForRules(const TopkProblem& problem, cudaStream_t stream) {
+template <typename Rules, int kElems>
+void LaunchForSlice(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>((problem.rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(kThreadsPerBlock);
+  const char* const mode = std::getenv("JAX_TOPK_SMALL_ROWS");
+  const int max_k_by_rounds =
+      sizeof(typename Rules::Bits) == 2 ? kMaxKByRounds16 : kSmallRowsMaxKByRounds;
+  if (problem.k > max_k_by_rounds || (mode != nullptr && std::strcmp(mode, "digits") == 0)) {
+    TopkSmallRowsKernel<Rules, kElems, true><<<grid, block, 0, stream>>>(problem);
+  } else {
+    TopkSmallRowsKernel<Rules, kElems, false><<<grid, block, 0, stream>>>(problem);
+  }
+}
+
+template <typename Rules>
+cudaError_t LaunchForRules(const TopkProblem& problem, cudaStream_t stream) {
   // The narrowest slice that covers the row: short rows hold fewer registers.
   if (problem.width <= kWarpSize * 8) {
-    TopkSmallRowsKernel<Rules, 8><<<grid, block, 0, stream>>>(problem);
+    LaunchForSlice<Rules, 8>(problem, stream);
   } else if (problem.width <= kWarpSize * 16) {
-    TopkSmallRowsKernel<Rules, 16><<<grid, block, 0, stream>>>(problem);
+    LaunchForSlice<Rules, 16>(problem, stream);
   } else {
     static_assert(kMaxElemsPerLane == 32, "the widest slice covers kSmallRowsMaxWidth");
-    TopkSmallRowsKernel<Rules, kMaxElemsPerLane><<<grid, block, 0, stream>>>(problem);
+    LaunchForSlice<Rules, kMaxElemsPerLane>(problem, stream);
   }
   return cudaGetLastError();
 }

@@ -299,6 +299,8 @@ def main():
     top_k_cases = [
         (rng.standard_normal((300, 256), np.float32), 8),  # a warp a row
         (rng.standard_normal((37, 1000), np.float32).astype(f16), 32),
+        (_nan_and_zero_rows(rng, 40, 1000), 64),  # a warp a row, k past 32: by digits
+        (rng.standard_normal((300, 257), np.float32), 50),
         (_nan_and_zero_rows(rng, 12, 9001).astype(f16), 512),  # the register kernel
         (_nan_and_zero_rows(rng, 6, 16384), 2048),
         (_periodic_rows(rng, 40, 40_003).astype(f16), 2048),  # the filtered kernel, 16-bit

@@ -355,7 +355,7 @@ inline std::string Describe(const Case& c) {
 
 // Calls visit(c) for every score type, each width and each k of kCheckedKs; c's other fields
 // are the defaults, for the caller to vary.
-constexpr int kCheckedKs[] = {1, 2, 7, 8, 9, 16, 31, 32};
+constexpr int kCheckedKs[] = {1, 2, 7, 8, 9, 16, 31, 32, 33, 48, 63, 64};
 template <typename Visit>
 inline void ForEachShape(std::initializer_list<int64_t> widths, Visit visit) {
   for (ScoreType type : {ScoreType::kFloat32, ScoreType::kBfloat16, ScoreType::kFloat16}) {
