@@ -5,7 +5,7 @@ topk_bf16's kernel), and at k <= 32 against its own rounds of the warp max (digi
 JAX_TOPK_SMALL_ROWS=digits, read at each launch). jax.lax.top_k on the same data; device time in
 us (benches/bench.py's method); every column's values and indices checked equal to top_k's
 default. From the repo root on the GPU:
-    python -m benches.probes.small_rows_digits [--set rules]"""
+    python -m benches.probes.small_rows_digits [--set rules|ranking]"""
 
 import argparse
 import os
@@ -31,6 +31,8 @@ PAST_32 = [  # (dtype, rows, n, k): top_k now (digits) against the route before
     ("bfloat16", 65536, 256, 64),
     ("bfloat16", 4, 1000, 50),
     ("float16", 8192, 1024, 64),
+    ("float32", 8192, 1024, 64, False),  # unsorted: column order, no ranking
+    ("bfloat16", 8192, 1024, 64, False),
 ]
 UP_TO_32 = [  # (dtype, rows, n, k): rounds (the default) against digits forced
     ("float32", 65536, 256, 8),
@@ -61,13 +63,13 @@ RULE_SHAPES = [
 ]
 
 
-def before_route(dtype, k):
+def before_route(dtype, k, sorted_):
     """top_k's call as its route sent it before: topk_filtered's primitive (float32) or
-    topk_bf16's (16-bit), sorted, with values."""
+    topk_bf16's (16-bit), with values."""
     op = "topk_filtered" if dtype == "float32" else "topk_bf16"
 
     def call(x, lengths):
-        indices, values = bind_topk(op, x, lengths, k=k, sorted=True, with_values=True)
+        indices, values = bind_topk(op, x, lengths, k=k, sorted=sorted_, with_values=True)
         return values, indices
 
     return jax.jit(call)
@@ -93,15 +95,20 @@ def inputs(dtype, rows, n):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--set", choices=("main", "rules"), default="main")
-    shapes = PAST_32 + UP_TO_32 if parser.parse_args().set == "main" else RULE_SHAPES
+    parser.add_argument("--set", choices=("main", "rules", "ranking"), default="main")
+    shapes = {
+        "main": PAST_32 + UP_TO_32,
+        "rules": RULE_SHAPES,
+        "ranking": [s for s in PAST_32 if s[1:4] == (8192, 1024, 64)],
+    }[parser.parse_args().set]
     lines = []
-    for dtype, rows, n, k in shapes:
+    for dtype, rows, n, k, *order in shapes:
+        sorted_ = order[0] if order else True
         sets = inputs(dtype, rows, n)
-        top_k = jax.jit(lambda x, lens, k=k: jax_topk.top_k(x, k))
+        top_k = jax.jit(lambda x, lens, k=k, o=sorted_: jax_topk.top_k(x, k, sorted=o))
         reference, ours = timed(top_k, sets)
         if k > 32:
-            other, other_us = timed(before_route(dtype, k), sets)
+            other, other_us = timed(before_route(dtype, k, sorted_), sets)
             label = "route before"
         else:
             other, other_us = timed(top_k, sets, digits=True)
@@ -110,10 +117,12 @@ def main():
         lax = jax.jit(lambda x, lens, k=k: jax.lax.top_k(x, k))
         lax_values = np.asarray(lax(*sets[0])[0])
         raw = np.uint32 if dtype == "float32" else np.uint16
-        same &= bool(np.array_equal(lax_values.view(raw), reference[0].view(raw)))
+        if sorted_:
+            same &= bool(np.array_equal(lax_values.view(raw), reference[0].view(raw)))
         lax_us = device_time_us(lax, sets, 8)
+        shape = f"{dtype} [{rows}, {n}] k={k}{'' if sorted_ else ' unsorted'}"
         lines.append(
-            f"| {dtype} [{rows}, {n}] k={k} | {ours:.1f} | {label} {other_us:.1f} "
+            f"| {shape} | {ours:.1f} | {label} {other_us:.1f} "
             f"| {other_us / ours:.2f} | {lax_us:.1f} | {same} |"
         )
         print(lines[-1], flush=True)

@@ -1,7 +1,7 @@
 // topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row.
 // 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
 //    aligned); NaN and columns past the length get key 0, never a candidate.
-// 2. Few winners (k <= 32 float32, <= 24 16-bit): k rounds of a warp max (redux.sync) over lane
+// 2. Few winners (k <= 32; 16-bit: <= 24 from 1024 rows): k rounds of a warp max (redux.sync) over lane
 //    maxima (2 a lane past k = 16), each dropping the maxima at it: k keys reach the last max T,
 //    so every winner does (~9 of 256 at k = 8). More: the k-th key exactly, by 8-bit digits of
 //    the keys from the top, each counted in the warp's own 256 shared bins (a digit whose bin the
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "common/topk_common.h"
 #include "kernels/set_bits.cuh"
@@ -35,9 +36,10 @@ constexpr int kThreadsPerBlock = kWarpsPerBlock * kWarpSize;
 constexpr int kMaxElemsPerLane = kSmallRowsMaxWidth / kWarpSize;
 // Past these k, step 2 runs by digits (each round of the max costs a reduction a winner):
 // kSmallRowsMaxKByRounds (topk_common.h) for float32 keys (four digits), fewer for 16-bit ones
-// (two digits; measured on the H200, benches/NOTES.md "small rows: k past 32 by digits": digits
-// 1.4-2x faster at k = 32, even at 24, slower at 16).
+// on many rows (two digits; measured on the H200 at 8192-65536 rows, benches/NOTES.md "small
+// rows: k past 32 by digits": digits 1.4-2x faster at k = 32, even at 24, slower at 16).
 constexpr int kMaxKByRounds16 = 24;
+constexpr int64_t kMinRowsForDigits16 = 1024;
 static_assert(kSmallRowsMaxK <= 2 * kWarpSize, "winners rank, and empty slots fill, two a lane");
 constexpr int kDigitBins = 256;  // step 2 by digits: 8 bits of the key a pass
 static_assert(kSmallRowsMaxWidth <= 0xFFFF, "a column fits the low 16 bits of a slot");
@@ -261,16 +263,21 @@ struct RowOutput {
 // winners of step 2 by digits): candidate s * 32 + lane's rank is the number of candidates ahead
 // of it (higher key, or equal key and lower column), counted over broadcast reads of the buffer
 // that depend on no other lane: ~6 instructions a candidate, where SelectAndWrite's rounds take
-// two dependent reductions a winner. k <= 32 * kOutputRounds.
+// two dependent reductions a winner. A 16-bit key and an inverted column fit one 32-bit compare.
+// Unsorted output of no more candidates than k needs no rank (all are taken, in buffer order).
+// k <= 32 * kOutputRounds.
 template <typename Rules, int kSlots, int kOutputRounds>
 __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
                                              const TopkProblem& problem, int64_t row) {
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  constexpr bool kSixteenBit = sizeof(typename Rules::Bits) == 2;
+  using OrderWord = std::conditional_t<kSixteenBit, uint32_t, uint64_t>;
   const auto order_word = [](uint2 entry) {
-    return (static_cast<uint64_t>(entry.x) << 32) | entry.y;
+    return kSixteenBit ? static_cast<OrderWord>((entry.x << 16) | entry.y)
+                       : static_cast<OrderWord>((static_cast<uint64_t>(entry.x) << 32) | entry.y);
   };
   uint2 mine[kSlots];
-  uint64_t my_word[kSlots];
+  OrderWord my_word[kSlots];
   int rank[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
@@ -280,13 +287,14 @@ __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int
     my_word[s] = order_word(mine[s]);
     rank[s] = 0;
   }
+  const int k = problem.k;
+  const int ranked = problem.sorted || candidates > k ? candidates : 0;
 #pragma unroll 4
-  for (int other = 0; other < candidates; ++other) {
-    const uint64_t other_word = order_word(candidates_buffer[other]);
+  for (int other = 0; other < ranked; ++other) {
+    const OrderWord other_word = order_word(candidates_buffer[other]);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) rank[s] += other_word > my_word[s] ? 1 : 0;
   }
-  const int k = problem.k;
   const RowOutput<Rules> output(problem, row);
   int taken_before = 0;  // sorted = false: winners in lower slots (lower columns) so far
 #pragma unroll
@@ -485,7 +493,9 @@ void LaunchForSlice(const TopkProblem& problem, cudaStream_t stream) {
   const dim3 block(kThreadsPerBlock);
   const char* const mode = std::getenv("JAX_TOPK_SMALL_ROWS");
   const int max_k_by_rounds =
-      sizeof(typename Rules::Bits) == 2 ? kMaxKByRounds16 : kSmallRowsMaxKByRounds;
+      sizeof(typename Rules::Bits) == 2 && problem.rows >= kMinRowsForDigits16
+          ? kMaxKByRounds16
+          : kSmallRowsMaxKByRounds;
   if (problem.k > max_k_by_rounds || (mode != nullptr && std::strcmp(mode, "digits") == 0)) {
     TopkSmallRowsKernel<Rules, kElems, true><<<grid, block, 0, stream>>>(problem);
   } else {
