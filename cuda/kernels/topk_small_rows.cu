@@ -1,17 +1,17 @@
 // topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row.
 // 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
 //    aligned); NaN and columns past the length get key 0, never a candidate.
-// 2. Few winners (k <= 32; 16-bit: <= 24 from 1024 rows): k rounds of a warp max (redux.sync) over lane
-//    maxima (2 a lane past k = 16), each dropping the maxima at it: k keys reach the last max T,
-//    so every winner does (~9 of 256 at k = 8). More: the k-th key exactly, by 8-bit digits of
-//    the keys from the top, each counted in the warp's own 256 shared bins (a digit whose bin the
-//    rank takes whole ends it), so the winners are the keys above it and the lowest columns of
-//    its copies: exactly k.
+// 2. Few winners (k <= 32; 16-bit rows: <= 24 from 1024 rows): k rounds of a warp max
+//    (redux.sync) over lane maxima (2 a lane past k = 16), each dropping the maxima at it: k keys
+//    reach the last max T, so every winner does (~9 of 256 at k = 8). More: the k-th key exactly,
+//    by 8-bit digits of the keys from the top, each counted in the warp's own 256 shared bins (a
+//    digit whose bin the rank takes whole ends it), so the winners are the keys above it and the
+//    lowest columns of its copies: exactly k.
 // 3. Keys >= T (or the winners) go in column order (one warp scan) to the warp's shared buffer.
 //    At most 64 (nearly always at k <= 16; always by digits): lane i counts the candidates ahead
-//    of its one or two (one 64-bit compare of (key, inverted column) each, broadcast reads, no
-//    cross-lane dependency): that is its rank. More: min(k, count) rounds of two redux.sync (max
-//    key, min column) over 2 or E slots a lane.
+//    of its one or two (one compare of (key, inverted column) each, 32-bit for 16-bit keys,
+//    broadcast reads, no cross-lane dependency): that is its rank. More: min(k, count) rounds of
+//    two redux.sync (max key, min column) over 2 or E slots a lane.
 // Instruction-bound (f32 [65536, 256] k = 8: ~400 a row). Limits: kSmallRowsMax* (topk_common.h).
 // JAX_TOPK_SMALL_ROWS=digits (read at each launch) takes step 2 by digits at every k (tests).
 #include <cuda_runtime.h>
@@ -170,8 +170,8 @@ struct Boundary {
   int quota;
 };
 
-// By all lanes, with `candidates` (valid keys in the row) > k: the k-th largest key, 8 bits at a
-// time from the top. Each digit counts the keys that share the digits found so far in `bins` (the
+// By all lanes, on a row of more valid keys than k: the k-th largest key, 8 bits at a time from
+// the top. Each digit counts the keys that share the digits found so far in `bins` (the
 // warp's own 256 shared ints); lane L walks bins 255 - 8L down to 248 - 8L, and one warp scan
 // finds the bin holding the rank. A bin the rank takes whole settles the search early: the winners
 // are then every key at or above its least key. kKeyBits is 32 (float32) or 16.
@@ -179,9 +179,9 @@ template <int kKeyBits, int kElems>
 __device__ __forceinline__ Boundary KthKeyByDigits(const uint32_t (&keys)[kElems], int k,
                                                    int* bins) {
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  uint32_t prefix = 0;        // the k-th key's digits found so far, in place
-  uint32_t prefix_mask = 0;   // the bits they cover
-  int rank = k;               // the k-th key's rank among the keys that share the prefix
+  uint32_t prefix = 0;       // the k-th key's digits found so far, in place
+  uint32_t prefix_mask = 0;  // the bits they cover
+  int rank = k;              // the k-th key's rank among the keys that share the prefix
 #pragma unroll 1
   for (int shift = kKeyBits - 8; shift >= 0; shift -= 8) {
     reinterpret_cast<int4*>(bins)[2 * lane] = make_int4(0, 0, 0, 0);
@@ -389,8 +389,8 @@ __device__ __forceinline__ void SelectByDigits(const uint32_t (&keys)[kElems], i
   for (int e = 0; e < kElems; ++e) valid += keys[e] != kNoCandidate ? 1 : 0;
   const int candidates = static_cast<int>(__reduce_add_sync(kFullWarp, valid));
   // No more valid keys than k: all of them (the keys above key 0).
-  const Boundary boundary = candidates <= k ? Boundary{kNoCandidate, 0}
-                                            : KthKeyByDigits<kKeyBits, kElems>(keys, k, bins);
+  const Boundary boundary =
+      candidates <= k ? Boundary{kNoCandidate, 0} : KthKeyByDigits<kKeyBits, kElems>(keys, k, bins);
   uint32_t greater_bits = 0;
   uint32_t equal_bits = 0;
 #pragma unroll
@@ -421,8 +421,8 @@ __device__ __forceinline__ void SelectByDigits(const uint32_t (&keys)[kElems], i
   }
 }
 
-// kByDigits: step 2 by digits (k past the rounds' limit, or JAX_TOPK_SMALL_ROWS=digits), an instance
-// of its own so that the rounds' instances keep their registers and shared memory.
+// kByDigits: step 2 by digits (k past the rounds' limit, or JAX_TOPK_SMALL_ROWS=digits), an
+// instance of its own so that the rounds' instances keep their registers and shared memory.
 template <typename Rules, int kElems, bool kByDigits>
 __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
   using Bits = typename Rules::Bits;
