@@ -128,11 +128,13 @@ def make(family, rng, shape, dtype):
     return families.make(family, rng, shape, dtype)
 
 
-# Shapes that reach every route: the small-row path (n <= 1024, small k), the register
-# kernel (16-bit n <= 16384), the filtered kernel (long rows) and k beyond 2048 (sort).
+# Shapes that reach every route: the small-row path (n <= 1024, small k; k past 32 from
+# hundreds of rows), the register kernel (16-bit n <= 16384), the filtered kernel (long rows)
+# and k beyond 2048 (sort).
 ROUTE_SHAPES = [
     (5, 1, 1),
     (9, 256, 8),
+    (600, 256, 40),
     (4, 1000, 50),
     (3, 5000, 300),
     (3, 20000, 2048),
