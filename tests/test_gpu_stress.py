@@ -125,8 +125,8 @@ def test_filtered_short_16bit_rows(rows, n, dtype, route, monkeypatch):
     """topk_filtered's 16-bit rows of at most 16384 columns, which it hands to topk_bf16's kernel
     (route "default") or keeps on its own (JAX_TOPK_SHORT_16BIT=own, read at each launch: the
     cluster for few rows, the register block for many short ones, else the queue), against the
-    CPU bit for bit: every value family, lengths around k, both orders, page tables,
-    num_valid_rows and top_k's values through the op."""
+    CPU bit for bit: every value family, lengths around k, k past n, both orders, page tables
+    and num_valid_rows."""
     if route == "own":
         monkeypatch.setenv("JAX_TOPK_SHORT_16BIT", "own")
     rng = np.random.default_rng(rows + n + len(dtype))
