@@ -375,6 +375,25 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
   if (lane >= winners && lane < k) output.Empty(lane);
 }
 
+// Steps 2-3's compaction, by all lanes: the keys flagged in `bits` go to the warp's buffer as
+// (key, inverted column) in column order (lane order, then slice order); returns how many.
+template <int kElems>
+__device__ __forceinline__ int CompactInColumnOrder(uint32_t bits, const uint32_t (&keys)[kElems],
+                                                    int first_column, uint2* warp_buffer) {
+  const int lane_count = __popc(bits);
+  const int inclusive = WarpInclusiveSum(lane_count);
+  const int total = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
+  uint2* next_entry = warp_buffer + (inclusive - lane_count);
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) {
+    if ((bits >> e) & 1) {
+      *next_entry++ = make_uint2(keys[e], InvertedColumn(static_cast<uint32_t>(first_column + e)));
+    }
+  }
+  __syncwarp();
+  return total;
+}
+
 // Steps 2 and 3 by digits, by all lanes: the winners (keys above the boundary, then its copies
 // lowest column first) go to the warp's buffer in column order, min(k, valid keys) of them, and
 // RankAndWrite orders them (every one a winner, one or two a lane).
@@ -403,17 +422,7 @@ __device__ __forceinline__ void SelectByDigits(const uint32_t (&keys)[kElems], i
   const int equal_before = WarpInclusiveSum(equal_count) - equal_count;
   const int equal_taken = max(0, min(equal_count, boundary.quota - equal_before));
   const uint32_t taken_bits = greater_bits | LowestSetBits(equal_bits, equal_taken);
-  const int lane_winners = __popc(taken_bits);
-  const int inclusive = WarpInclusiveSum(lane_winners);
-  const int winners = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
-  uint2* next_entry = warp_buffer + (inclusive - lane_winners);
-#pragma unroll
-  for (int e = 0; e < kElems; ++e) {
-    if ((taken_bits >> e) & 1) {
-      *next_entry++ = make_uint2(keys[e], InvertedColumn(static_cast<uint32_t>(first_column + e)));
-    }
-  }
-  __syncwarp();
+  const int winners = CompactInColumnOrder(taken_bits, keys, first_column, warp_buffer);
   if (winners <= kWarpSize) {
     RankAndWrite<Rules, 1, 2>(warp_buffer, winners, problem, row);
   } else {
@@ -466,17 +475,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   uint32_t candidate_bits = 0;  // bit e: keys[e] is a candidate (one compare an element)
 #pragma unroll
   for (int e = 0; e < kElems; ++e) candidate_bits |= (keys[e] >= threshold ? 1u : 0u) << e;
-  const int lane_candidates = __popc(candidate_bits);
-  const int inclusive = WarpInclusiveSum(lane_candidates);
-  const int candidates = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
-  uint2* next_entry = warp_buffer + (inclusive - lane_candidates);
-#pragma unroll
-  for (int e = 0; e < kElems; ++e) {
-    if ((candidate_bits >> e) & 1) {
-      *next_entry++ = make_uint2(keys[e], InvertedColumn(static_cast<uint32_t>(first_column + e)));
-    }
-  }
-  __syncwarp();
+  const int candidates = CompactInColumnOrder(candidate_bits, keys, first_column, warp_buffer);
 
   if (candidates <= kWarpSize) {
     RankAndWrite<Rules, 1, 1>(warp_buffer, candidates, problem, row);
