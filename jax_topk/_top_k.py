@@ -116,25 +116,34 @@ def _select(operand, lengths, *, k: int, sorted: bool):
         return _fallback.select_with_values(operand, lengths, k=k, sorted=sorted)
     if chosen is Route.ROUNDS:
         return _select_in_rounds(operand, lengths, k=k, sorted=sorted)
+    indices, values = bind_rows(
+        chosen.value, operand, lengths, k=k, sorted=sorted, with_values=True
+    )
+    return values, indices
+
+
+def bind_rows(op: str, scores, lengths, *, k: int, sorted: bool, with_values: bool = False):
+    """The primitive of `op` ("topk_bf16", "topk_filtered", "small_rows") on 2-D rows with no
+    page table and every row valid: (indices,), or (indices, values) with_values. Also what the
+    benchmark probes call to time one kernel route against another on the same call."""
     params = Params(
-        op=chosen.value,
+        op=op,
         k=k,
         log2_page_size=0,
         sorted=sorted,
         has_page_table=False,
         has_table_rows=False,
         has_num_valid_rows=False,
-        with_values=True,
+        with_values=with_values,
     )
     operands = Operands(
-        scores=operand,
+        scores=scores,
         lengths=lengths,
         page_table=Operands.absent(2),
         table_rows=Operands.absent(1),
         num_valid_rows=Operands.absent(1),
     )
-    indices, values = PRIMITIVES[chosen.value].bind(*operands, params=params)
-    return values, indices
+    return PRIMITIVES[op].bind(*operands, params=params)
 
 
 def _select_in_rounds(operand, lengths, *, k: int, sorted: bool):

@@ -19,7 +19,7 @@ import numpy as np
 import jax_topk
 from benches import scores as scores_of
 from benches.bench import device_time_us
-from benches.probes.primitives import bind_topk
+from jax_topk._top_k import bind_rows
 
 ROWS = (1, 8, 32, 132, 512, 2048)
 SHAPES = [  # (dtype, rows, n, k, sorted, causal lengths)
@@ -42,7 +42,7 @@ VARIANTS = ("own", "default", "bf16")
 def topk_bf16_kernel(scores, lengths, *, k, sorted):
     """topk_bf16's primitive, which takes float16 rows too (top_k binds it so; the public
     jax_topk.topk_bf16 accepts bfloat16 alone)."""
-    (indices,) = bind_topk("topk_bf16", scores, lengths, k=k, sorted=sorted)
+    (indices,) = bind_rows("topk_bf16", scores, lengths, k=k, sorted=sorted)
     return indices
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import jax_topk
 from benches import scores as scores_of
 from benches.bench import device_time_us
-from benches.probes.primitives import bind_topk
+from jax_topk._top_k import bind_rows
 
 PAST_32 = [  # (dtype, rows, n, k): top_k now (digits) against the route before
     ("float32", 8192, 1024, 64),
@@ -69,7 +69,7 @@ def before_route(dtype, k, sorted_):
     op = "topk_filtered" if dtype == "float32" else "topk_bf16"
 
     def call(x, lengths):
-        indices, values = bind_topk(op, x, lengths, k=k, sorted=sorted_, with_values=True)
+        indices, values = bind_rows(op, x, lengths, k=k, sorted=sorted_, with_values=True)
         return values, indices
 
     return jax.jit(call)
