@@ -208,10 +208,11 @@ def shape_rule(*avals, params: Params):
     operands = Operands(*avals)
     scores, lengths, num_valid_rows = operands.scores, operands.lengths, operands.num_valid_rows
     rows = scores.shape[0]
-    if scores.ndim != 2 or lengths.shape != (rows,) or lengths.dtype != np.int32:
+    lengths_shape = (rows,) if params.has_lengths else (0,)
+    if scores.ndim != 2 or lengths.shape != lengths_shape or lengths.dtype != np.int32:
         raise ValueError(
             f"{params.op}: internal operands must be scores [rows, n] and int32 "
-            f"lengths [rows]; got {scores.shape} and {lengths.dtype}{lengths.shape}"
+            f"lengths {list(lengths_shape)}; got {scores.shape} and {lengths.dtype}{lengths.shape}"
         )
     if (
         params.has_num_valid_rows

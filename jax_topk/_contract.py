@@ -88,7 +88,7 @@ class Operands(NamedTuple):
     empty int32 placeholder (`absent(ndim)`), and a `Params.has_*` flag says it is absent."""
 
     scores: Any  # [rows, n], one of the operator's dtypes
-    lengths: Any  # int32 [rows]
+    lengths: Any  # int32 [rows]; absent (every row whole, top_k without lengths): [0]
     page_table: Any  # int32 [T, pages] (T = rows without table_rows); absent: [0, 0]
     table_rows: Any  # int32 [rows]; absent: [0]
     num_valid_rows: Any  # int32 [groups], a limit per equal group of consecutive rows; absent: [0]
@@ -110,6 +110,9 @@ class Params:
     has_table_rows: bool
     has_num_valid_rows: bool
     with_values: bool = False  # a second result: the selected values (top_k)
+    # lengths given; False (top_k without lengths): every row is whole and lengths is the
+    # empty placeholder, so no [rows] array of n is built and broadcast on the device
+    has_lengths: bool = True
 
     @property
     def operator(self) -> Operator:
@@ -125,6 +128,7 @@ class Params:
             has_table_rows=np.bool_(self.has_table_rows),
             has_num_valid_rows=np.bool_(self.has_num_valid_rows),
             with_values=np.bool_(self.with_values),
+            has_lengths=np.bool_(self.has_lengths),
         )
 
     @property

@@ -114,13 +114,15 @@ def valid_rows(rows: int, num_valid_rows):
 
 def select(scores, lengths, num_valid_rows, *, k: int, sorted: bool, has_num_valid_rows: bool):
     """The selected columns, int32 [rows, k], -1 past the candidates (docs/contract.md
-    section 4)."""
+    section 4); lengths None: every row whole."""
     rows, n = scores.shape
     if rows == 0:
         return jnp.full((0, k), EMPTY_SLOT, jnp.int32)
     keys, is_nan = ordered_keys(columns_gathered(scores))
     columns = lax.broadcasted_iota(jnp.int32, (rows, n), 1)
-    candidate = (columns < jnp.clip(lengths, 0, n)[:, None]) & ~is_nan
+    candidate = ~is_nan
+    if lengths is not None:  # None: every row whole (top_k without lengths)
+        candidate &= columns < jnp.clip(lengths, 0, n)[:, None]
     if has_num_valid_rows:
         candidate &= valid_rows(rows, num_valid_rows)[:, None]
     width = min(k, n)
@@ -175,7 +177,8 @@ def ffi_call(*operands, params: Params):
     when `params.with_values`) out."""
     operands = Operands(*operands)
     scores = operands.scores
-    columns = select_by_params(scores, operands.lengths, operands.num_valid_rows, params)
+    lengths = operands.lengths if params.has_lengths else None
+    columns = select_by_params(scores, lengths, operands.num_valid_rows, params)
     values = gather_values(scores, columns) if params.with_values else None
     columns = page_by_params(columns, operands.page_table, operands.table_rows, params)
     return (columns,) if values is None else (columns, values)

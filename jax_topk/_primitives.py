@@ -45,7 +45,9 @@ def _batch(args, dims, *, primitive, params: Params):
     scores = lead(operands.scores, dims.scores)
     rows, n = scores.shape[1:]
     scores = scores.reshape(size * rows, n)
-    lengths = lead(operands.lengths, dims.lengths).reshape(size * rows)
+    lengths = operands.lengths  # absent (every row whole): stays the placeholder
+    if params.has_lengths:
+        lengths = lead(lengths, dims.lengths).reshape(size * rows)
     page_table, table_rows = operands.page_table, operands.table_rows
     if params.has_page_table and params.has_table_rows:
         if dims.page_table is not None:  # one table per mapped call: stack and offset

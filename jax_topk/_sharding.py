@@ -86,7 +86,7 @@ def _shardings(params: Params, mesh, row_axes, column_axes):
     replicated = PartitionSpec()
     specs = Operands(
         scores=PartitionSpec(row_axes, column_axes),
-        lengths=rows,
+        lengths=rows if params.has_lengths else replicated,
         page_table=rows_2d if _page_table_per_row(params) else replicated,
         table_rows=rows if params.has_table_rows else replicated,
         num_valid_rows=replicated,
@@ -148,7 +148,9 @@ def column_shard_call(params: Params, local: Operands, *, mesh, n: int, offset, 
     candidates of its columns (global column numbers, with values, in any order), gathered
     over the column axes (k values and columns a row a device, never the scores), merged
     exactly (`_merge_over`), then the page transform."""
-    lengths = column_lengths(local.lengths, n, offset, local.scores.shape[1])
+    lengths = local.lengths  # absent: every row whole, so every shard's columns are too
+    if params.has_lengths:
+        lengths = column_lengths(lengths, n, offset, local.scores.shape[1])
     candidates_params = dataclasses.replace(
         params,
         log2_page_size=0,
@@ -213,7 +215,7 @@ def _sharding_rule(params: Params, mesh, arg_shapes, result_shape):
     del mesh, arg_shapes, result_shape
     factors = Operands(
         scores="r n",
-        lengths="r",
+        lengths="r" if params.has_lengths else "l",
         page_table="r p" if _page_table_per_row(params) else "t p",
         table_rows="r" if params.has_table_rows else "c",
         num_valid_rows="g",

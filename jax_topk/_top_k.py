@@ -124,8 +124,9 @@ def _select(operand, lengths, *, k: int, sorted: bool):
 
 def bind_rows(op: str, scores, lengths, *, k: int, sorted: bool, with_values: bool = False):
     """The primitive of `op` ("topk_bf16", "topk_filtered", "small_rows") on 2-D rows with no
-    page table and every row valid: (indices,), or (indices, values) with_values. Also what the
-    benchmark probes call to time one kernel route against another on the same call."""
+    page table and every row valid: (indices,), or (indices, values) with_values; lengths None:
+    every row whole. Also what the benchmark probes call to time one kernel route against
+    another on the same call."""
     params = Params(
         op=op,
         k=k,
@@ -135,10 +136,11 @@ def bind_rows(op: str, scores, lengths, *, k: int, sorted: bool, with_values: bo
         has_table_rows=False,
         has_num_valid_rows=False,
         with_values=with_values,
+        has_lengths=lengths is not None,
     )
     operands = Operands(
         scores=scores,
-        lengths=lengths,
+        lengths=Operands.absent(1) if lengths is None else lengths,
         page_table=Operands.absent(2),
         table_rows=Operands.absent(1),
         num_valid_rows=Operands.absent(1),
@@ -217,9 +219,7 @@ def top_k(operand, k, *, lengths=None, sorted=True):
     k = _checks.check_top_k_k(k, n)
     sorted = _checks.check_sorted("top_k", sorted)
     rows = int(np.prod(leading, dtype=np.int64))
-    if lengths is None:
-        lengths = jnp.full((rows,), n, jnp.int32)
-    else:
+    if lengths is not None:  # None stays None: no [rows] array of n on the device
         lengths = jnp.asarray(lengths)
         _checks.check_lengths("top_k", lengths, leading)
         lengths = as_int32(lengths).reshape(rows)

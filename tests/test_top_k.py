@@ -469,6 +469,9 @@ def test_vmap_and_scan(backend):
     direct = jax_topk.top_k(x, 20, lengths=lengths)
     for a, b in zip(mapped, direct):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    mapped = jax.vmap(lambda a: jax_topk.top_k(a, 20))(x)  # no lengths: rows whole
+    for a, b in zip(mapped, reference_top_k(np.asarray(x), 20)):
+        assert_same_bits(np.asarray(a), b)
 
     def step(carry, rows):
         values, indices = jax_topk.top_k(rows, 20)
@@ -478,6 +481,21 @@ def test_vmap_and_scan(backend):
     ref_values, ref_indices = reference_top_k(np.asarray(x), 20)
     assert int(total) == int(ref_indices.astype(np.int64).sum())
     assert_same_bits(np.asarray(stacked), ref_values)
+
+
+def test_no_lengths_array_without_lengths():
+    """top_k without lengths passes the kernels no [rows] array of n (building one inside
+    jit costs a broadcast kernel per call): the custom call's lengths operand is the empty
+    placeholder and its has_lengths attribute false; with lengths, the array is passed."""
+    x = jnp.zeros((64, 300), jnp.float32)
+    without = jax.jit(lambda a: jax_topk.top_k(a, 8)).lower(x).as_text()
+    calls = [line for line in without.splitlines() if "custom_call @jax_topk" in line]
+    assert len(calls) == 1 and "has_lengths = false" in calls[0]
+    assert "tensor<64xi32>" not in without
+    lengths = jnp.full((64,), 300, jnp.int32)
+    given = jax.jit(lambda a, lens: jax_topk.top_k(a, 8, lengths=lens)).lower(x, lengths)
+    calls = [line for line in given.as_text().splitlines() if "custom_call @jax_topk" in line]
+    assert len(calls) == 1 and "has_lengths = true" in calls[0] and "tensor<64xi32>" in calls[0]
 
 
 def test_trace_time_errors():

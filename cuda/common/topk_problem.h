@@ -17,7 +17,7 @@ struct TopkProblem {
   ScoreType score_type = ScoreType::kFloat32;
   int64_t rows = 0;
   int64_t width = 0;                 // n, the allocated row length
-  const int32_t* lengths = nullptr;  // [rows], clamped with ClampLength
+  const int32_t* lengths = nullptr;  // [rows], clamped with ClampLength; nullptr: rows whole
   int32_t k = 1;                     // 1 <= k <= kMaxK (checked at trace time)
   bool sorted = false;               // false: ascending columns; true: value desc, column asc
 

@@ -114,7 +114,7 @@ void TopkRow(const TopkProblem& p, int64_t r, const typename Scores::Bits* row,
     if (values != nullptr) std::fill(values, values + p.k, Scores::kEmpty);
     return;
   }
-  const int64_t length = ClampLength(p.lengths[r], p.width);
+  const int64_t length = p.lengths == nullptr ? p.width : ClampLength(p.lengths[r], p.width);
   SelectRow<Scores>(row, length, p.k, p.sorted, scratch, out);
   if (values != nullptr) {  // before the page transform: the slots still hold columns
     for (int32_t s = 0; s < p.k; ++s)

@@ -30,6 +30,7 @@ struct TopkAttrs {
   bool has_table_rows;
   bool has_num_valid_rows;
   bool with_values;  // the values result is [rows, k] in the scores' type, else a placeholder
+  bool has_lengths;  // else every row is whole (top_k without lengths) and lengths is empty
 };
 
 }  // namespace jax_topk
@@ -37,13 +38,11 @@ struct TopkAttrs {
 // The members follow TopkAttrs' declaration order (the decoder builds it by aggregate
 // initialisation) and name every attribute the lowering emits (XLA rejects a call whose
 // attribute count differs). The macro opens namespace xla::ffi itself: it stays at file scope.
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_topk::TopkAttrs, StructMember<int32_t>("k"),
-                                      StructMember<int32_t>("log2_page_size"),
-                                      StructMember<bool>("sorted"),
-                                      StructMember<bool>("has_page_table"),
-                                      StructMember<bool>("has_table_rows"),
-                                      StructMember<bool>("has_num_valid_rows"),
-                                      StructMember<bool>("with_values"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    jax_topk::TopkAttrs, StructMember<int32_t>("k"), StructMember<int32_t>("log2_page_size"),
+    StructMember<bool>("sorted"), StructMember<bool>("has_page_table"),
+    StructMember<bool>("has_table_rows"), StructMember<bool>("has_num_valid_rows"),
+    StructMember<bool>("with_values"), StructMember<bool>("has_lengths"));
 
 namespace jax_topk {
 
@@ -75,7 +74,7 @@ inline constexpr TopkTarget kTopkFilteredTarget = {"jax_topk_filtered", kFastSco
 inline constexpr TopkTarget kTopkSmallRowsTarget = {"jax_topk_small_rows", kFastScoreTypes,
                                                     kSmallRowsMaxWidth, kSmallRowsMaxK};
 
-// Operands: scores [rows, width], lengths [rows], page_table [table_count, pages],
+// Operands: scores [rows, width], lengths [rows] (optional), page_table [table_count, pages],
 // table_rows [rows], num_valid_rows [groups]; results: out [rows, k] and values ([rows, k]
 // in the scores' type when with_values, else an unread placeholder). An absent optional
 // operand arrives as a placeholder (its has_* attribute is false) and is never read.
@@ -142,7 +141,7 @@ inline ffi::Error CheckTopkSizes(const TopkTarget& target, const TopkProblem& p,
   if (p.width > target.max_width)
     return InvalidTopkCall(target, "rows of ", p.width, " columns exceed its limit of ",
                            target.max_width);
-  if (p.rows > 0 && lengths_size != p.rows)
+  if (p.lengths != nullptr && p.rows > 0 && lengths_size != p.rows)
     return InvalidTopkCall(target, "lengths has ", lengths_size, " entries for ", p.rows, " rows");
   if (p.page_table != nullptr) {
     if (p.log2_page_size < 0 || p.log2_page_size > 30 || (p.pages << p.log2_page_size) < p.width ||
@@ -214,7 +213,7 @@ inline ffi::Error DecodeTopkProblem(const TopkTarget& target, const TopkOperands
   p.score_type = *score_type;
   p.rows = dims[0];
   p.width = dims[1];
-  p.lengths = operands.lengths.typed_data();
+  p.lengths = attrs.has_lengths ? operands.lengths.typed_data() : nullptr;  // null: rows whole
   p.k = attrs.k;
   p.sorted = attrs.sorted;
   DecodeRowOptions(operands.page_table, operands.table_rows, operands.num_valid_rows,

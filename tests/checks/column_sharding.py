@@ -132,14 +132,18 @@ def check_layout(shape, names, spec, axis_type, rng):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"{op} {index}")
             checks += 1
     # top_k through each of its kernels: small rows (k = 16), the register kernel (16-bit,
-    # k = 40), the filtered kernel (float32, k = 40); values too.
+    # k = 40), the filtered kernel (float32, k = 40); values too; with lengths and without
+    # (no lengths operand at all: every shard's rows whole).
     for dtype, k in (("float32", 16), ("float32", 40), ("bfloat16", 40), ("float16", 40)):
         fn = jax.jit(lambda x, lens, k=k: jax_topk.top_k(x, k, lengths=lens))
+        whole = jax.jit(lambda x, k=k: jax_topk.top_k(x, k))
         for index, operand in enumerate(adversarial_rows(rng, dtype)):
             got = fn(put(operand, spec), sharded_lengths)
             want = fn(operand, lengths)
             for g, w in zip(got, want):
                 assert_same_bits(g, w, f"top_k {dtype} k={k} {index}")
+            for g, w in zip(whole(put(operand, spec)), whole(operand)):
+                assert_same_bits(g, w, f"top_k {dtype} k={k} {index} without lengths")
             checks += 1
         gathers += assert_only_candidates_move(fn, (put(operand, spec), sharded_lengths), local_n)
     assert gathers > 0, "no candidates were gathered: the columns were not split"

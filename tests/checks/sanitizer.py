@@ -114,14 +114,17 @@ def _filtered_16bit_cases(gpu, cpu, rng):
 
 
 def _top_k_matches(gpu, cpu, rng, cases):
-    """top_k of each (scores, k) case with random lengths, sorted and not: values and indices
-    from the GPU equal the CPU handler's bit for bit."""
+    """top_k of each (scores, k) case with random lengths, sorted and not, and sorted
+    without lengths (the kernels then get no lengths array): values and indices from the GPU
+    equal the CPU handler's bit for bit."""
     for scores, k in cases:
         rows, n = scores.shape
         lengths = rng.integers(-1, n + 2, size=rows).astype(np.int32)
-        for sorted_ in (True, False):
+        for sorted_, given in ((True, True), (False, True), (True, False)):
             call = jax.jit(
-                lambda s, lens, k=k, o=sorted_: jax_topk.top_k(s, k, lengths=lens, sorted=o)
+                lambda s, lens, k=k, o=sorted_, g=given: jax_topk.top_k(
+                    s, k, lengths=lens if g else None, sorted=o
+                )
             )
             got = jax.tree.leaves(call(*jax.device_put((scores, lengths), gpu)))
             want = jax.tree.leaves(call(*jax.device_put((scores, lengths), cpu)))
