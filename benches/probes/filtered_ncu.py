@@ -1,7 +1,9 @@
-"""One call of the filtered kernel for Nsight Compute (benches/probes/filtered_ncu.sh): the case
-named on the command line is compiled, run once to warm, then once more (the profiled launch).
-Cases: bf16_causal_top_k (5536 x 131072, k = 2048, values, sorted), f32_causal (topk_filtered
-unsorted, same shape), bf16_vocab (top_k [256, 152064], k = 50). Run from the repo root on the GPU:
+"""One call for Nsight Compute (benches/probes/filtered_ncu.sh): the case named on the command
+line is compiled, run once to warm, then once more (the profiled launch). The filtered kernel:
+bf16_causal_top_k (5536 x 131072, k = 2048, values, sorted), f32_causal (topk_filtered unsorted,
+same shape), bf16_vocab (top_k [256, 152064], k = 50). Others (the .sh's KERNEL names theirs):
+bf16_rows (topk_bf16 2048 x 16384, k = 512, pages of 64: TopkBf16Kernel), moe_f32 (top_k
+[65536, 256] f32, k = 8: TopkSmallRowsKernel). Run from the repo root on the GPU:
 python -m benches.probes.filtered_ncu CASE"""
 
 import sys
@@ -18,6 +20,18 @@ def case(name):
     if name == "bf16_vocab":
         x = scores_of.normal(jax.random.key(0), (256, 152064), jnp.bfloat16)
         return jax.jit(lambda s: jax_topk.top_k(s, 50)), (x,)
+    if name == "moe_f32":
+        x = scores_of.normal(jax.random.key(0), (65536, 256), jnp.float32)
+        return jax.jit(lambda s: jax_topk.top_k(s, 8)), (x,)
+    if name == "bf16_rows":
+        rows, n, page = 2048, 16384, 64
+        x = scores_of.normal(jax.random.key(0), (rows, n), jnp.bfloat16)
+        lengths = jnp.full((rows,), n, jnp.int32)
+        table = jnp.arange(rows * (n // page), dtype=jnp.int32).reshape(rows, n // page)
+        call = jax.jit(
+            lambda s, lens, t: jax_topk.topk_bf16(s, lens, k=512, page_table=t, page_size=page)
+        )
+        return call, (x, lengths, table)
     rows, n = 5536, 131072
     lengths = jnp.asarray(n - (rows - 1 - np.arange(rows)), jnp.int32)
     if name == "bf16_causal_top_k":

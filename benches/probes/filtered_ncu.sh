@@ -15,14 +15,17 @@ if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: the build installed already (
     >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
   echo "built in $(($(date +%s) - start)) s"
 fi
-# METRICS: a --metrics list instead of the sections; TAG: a suffix of the report names.
+# METRICS: a --metrics list instead of the sections; TAG: a suffix of the report names;
+# KERNEL: the profiled kernel's name (regex; default the filtered kernel); SOURCE=1 adds the
+# instruction statistics and the SASS lines where warps stall most.
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
   --section SchedulerStats --section Occupancy --section ComputeWorkloadAnalysis
   --section LaunchStats)
+[ -n "${SOURCE:-}" ] && sections+=(--section InstructionStats --section SourceCounters)
 what=("${sections[@]}")
 [ -n "${METRICS:-}" ] && what=(--metrics "$METRICS")
 for c in ${CASES:-bf16_causal_top_k f32_causal bf16_vocab}; do
-  timeout 150 ncu --clock-control none --kernel-name regex:TopkFilteredKernel --launch-skip 1 \
+  timeout 150 ncu --clock-control none --kernel-name "regex:${KERNEL:-TopkFilteredKernel}" --launch-skip 1 \
     --launch-count 1 "${what[@]}" \
     python3 -m benches.probes.filtered_ncu "$c" >"$out/ncu_$c${TAG:-}.txt" 2>&1
   echo "$c rc=$? at $(($(date +%s) - start)) s"
