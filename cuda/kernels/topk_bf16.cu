@@ -291,6 +291,22 @@ struct RowSlice {
   int filled;           // fill values inside the histogrammed slice (past the length, or NaN)
 };
 
+// visit(pair) for each of a slice's active pairs, in order. Slices are whole 16-byte vectors
+// (SliceElems), so active pairs come in fours: one bound check a four, where a check a pair (a
+// compare, a predicate move and a branch) was ~17 % of the kernel's instructions on rows of 16384
+// columns (benches/NOTES.md "topk_bf16: bound checks a vector").
+template <int kPairsPerThread, typename Visit>
+__device__ __forceinline__ void ForEachActivePair(int active_pairs, const Visit& visit) {
+  constexpr int kPairsPerVector = 4;
+  static_assert(kPairsPerThread % kPairsPerVector == 0, "slices are whole 16-byte vectors");
+#pragma unroll
+  for (int first = 0; first < kPairsPerThread; first += kPairsPerVector) {
+    if (first >= active_pairs) break;
+#pragma unroll
+    for (int pair = first; pair < first + kPairsPerVector; ++pair) visit(pair);
+  }
+}
+
 // Phase 1, load the row: zeroes the histograms and loads this thread's slice; a row holding any
 // NaN rewrites it to the fill value (-inf) with its column dropped. Every thread calls it; its
 // one barrier also publishes the zeroed histograms.
@@ -313,11 +329,9 @@ __device__ __forceinline__ void LoadRow(Shared& shared, const TopkProblem& probl
   // The columns before the length, minus NaNs.
   slice.valid_bits = FirstElementsInPairLayout(valid_elems);
   uint32_t nan_lanes = 0;
-#pragma unroll
-  for (int pair = 0; pair < kPairsPerThread; ++pair) {
-    if (pair >= slice.active_pairs) break;
+  ForEachActivePair<kPairsPerThread>(slice.active_pairs, [&](int pair) {
     nan_lanes |= __hneu2_mask(AsPair<Pair>(slice.pairs[pair]), AsPair<Pair>(slice.pairs[pair]));
-  }
+  });
   if (__syncthreads_or(nan_lanes != 0)) {
     // Rare: NaN anywhere in the row. Rewrite each NaN to the fill value (-inf) and drop its
     // column, so the passes and the compares below need no NaN test of their own.
@@ -345,13 +359,11 @@ __device__ __forceinline__ int FindHighBin(Shared& shared,
   // The fill (-inf) is counted too (no test per element), then taken out.
   // __byte_perm(x, 0, 0x444b) is byte b of x, zero-extended: one instruction per slot.
   if (slice.first_column < length) {
-#pragma unroll
-    for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      if (pair >= slice.active_pairs) break;
+    ForEachActivePair<kPairsPerThread>(slice.active_pairs, [&](int pair) {
       const uint32_t slots = HighSlotsOfPair(slice.pairs[pair]);
       atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4441)], 1);
       atomicAdd(&high_histogram[__byte_perm(slots, 0, 0x4443)], 1);
-    }
+    });
     if (slice.filled > 0) {
       atomicSub(&high_histogram[HighSlot(Scores::kFillHighByte)], slice.filled);
     }
@@ -396,13 +408,11 @@ __device__ __forceinline__ Pivot RefinePivot(Shared& shared,
     // spill bin: 4-5 instructions per value, no branch.
     const uint32_t high_bin_pattern = (high_bin << 24) | (high_bin << 8);
     if (slice.first_column < length) {
-#pragma unroll
-      for (int pair = 0; pair < kPairsPerThread; ++pair) {
-        if (pair >= slice.active_pairs) break;
+      ForEachActivePair<kPairsPerThread>(slice.active_pairs, [&](int pair) {
         const uint32_t marked = slice.pairs[pair] ^ high_bin_pattern;
         atomicAdd(&low_histogram[min(marked & 0xFFFFu, uint32_t{kSpillBin})], 1);
         atomicAdd(&low_histogram[min(marked >> 16, uint32_t{kSpillBin})], 1);
-      }
+      });
       if (slice.filled > 0 && high_bin == Scores::kFillHighByte) {
         atomicSub(&low_histogram[Scores::kFillLowByte], slice.filled);
       }
@@ -448,25 +458,21 @@ __device__ __forceinline__ Taken TakeWinners(Shared& shared,
   uint32_t equal_bits = 0;
   if ((pivot.bits & Scores::kExponentBits) != 0) {
     const Pair pivot_pair = AsPair<Pair>(pivot.bits * 0x00010001u);
-#pragma unroll
-    for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      if (pair >= slice.active_pairs) break;
+    ForEachActivePair<kPairsPerThread>(slice.active_pairs, [&](int pair) {
       const Pair values = AsPair<Pair>(slice.pairs[pair]);
       greater_bits |= __hgt2_mask(values, pivot_pair) & (0x00010001u << pair);
       equal_bits |= __heq2_mask(values, pivot_pair) & (0x00010001u << pair);
-    }
+    });
   } else {
     const uint32_t pivot_key = OrderedKeyBf16(static_cast<uint16_t>(pivot.bits));
-#pragma unroll
-    for (int pair = 0; pair < kPairsPerThread; ++pair) {
-      if (pair >= slice.active_pairs) break;
+    ForEachActivePair<kPairsPerThread>(slice.active_pairs, [&](int pair) {
       const uint32_t low_key = OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair]));
       const uint32_t high_key = OrderedKeyBf16(static_cast<uint16_t>(slice.pairs[pair] >> 16));
       greater_bits |= (static_cast<uint32_t>(low_key > pivot_key) << pair) |
                       (static_cast<uint32_t>(high_key > pivot_key) << (16 + pair));
       equal_bits |= (static_cast<uint32_t>(low_key == pivot_key) << pair) |
                     (static_cast<uint32_t>(high_key == pivot_key) << (16 + pair));
-    }
+    });
   }
   greater_bits &= slice.valid_bits;
   equal_bits &= slice.valid_bits;
