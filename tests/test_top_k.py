@@ -498,6 +498,35 @@ def test_no_lengths_array_without_lengths():
     assert len(calls) == 1 and "has_lengths = true" in calls[0] and "tensor<64xi32>" in calls[0]
 
 
+def test_handler_checks_lengths_only_when_given():
+    """The handlers re-check what the shape rule checks, for a caller that bypasses it: with
+    has_lengths true, lengths of another size than the rows (empty included) are an error;
+    with has_lengths false the operand is a placeholder, never read. A raw custom call on the
+    CPU, against top_k."""
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 64)), jnp.float32)
+
+    def call(lengths, has_lengths):
+        results = (jax.ShapeDtypeStruct((4, 8), jnp.int32), jax.ShapeDtypeStruct((4, 8), x.dtype))
+        absent_1d, absent_2d = jnp.zeros((0,), jnp.int32), jnp.zeros((0, 0), jnp.int32)
+        return jax.ffi.ffi_call("jax_topk_small_rows", results)(
+            x, lengths, absent_2d, absent_1d, absent_1d,
+            k=np.int32(8), log2_page_size=np.int32(0), sorted=True, has_page_table=False,
+            has_table_rows=False, has_num_valid_rows=False, with_values=True,
+            has_lengths=has_lengths,
+        )  # fmt: skip
+
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        for size in (0, 3):
+            with pytest.raises(Exception, match=f"lengths has {size} entries for 4 rows"):
+                jax.block_until_ready(call(jnp.zeros((size,), jnp.int32), True))
+        want_values, want_indices = jax_topk.top_k(x, 8)
+        for size in (0, 3):
+            indices, values = call(jnp.zeros((size,), jnp.int32), False)
+            np.testing.assert_array_equal(np.asarray(indices), np.asarray(want_indices))
+            assert_same_bits(np.asarray(values), np.asarray(want_values))
+
+
 def test_trace_time_errors():
     x = jnp.zeros((2, 10), jnp.float32)
     with pytest.raises(ValueError, match=r"k=11.*n=10"):

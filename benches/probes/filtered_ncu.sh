@@ -21,7 +21,7 @@ fi
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
   --section SchedulerStats --section Occupancy --section ComputeWorkloadAnalysis
   --section LaunchStats)
-[ -n "${SOURCE:-}" ] && sections+=(--section InstructionStats --section SourceCounters)
+[ "${SOURCE:-0}" = 1 ] && sections+=(--section InstructionStats --section SourceCounters)
 what=("${sections[@]}")
 [ -n "${METRICS:-}" ] && what=(--metrics "$METRICS")
 for c in ${CASES:-bf16_causal_top_k f32_causal bf16_vocab}; do

@@ -134,6 +134,7 @@ inline std::string ScoreTypeNames(const TopkTarget& target) {
 
 // The checks of a problem's sizes against its operands' (lengths, table_rows and
 // num_valid_rows entries), shared with the indexer's selection (ffi/indexer_ffi.h).
+// lengths_size < 0: the call has no lengths (has_lengths false).
 inline ffi::Error CheckTopkSizes(const TopkTarget& target, const TopkProblem& p,
                                  int64_t lengths_size, int64_t table_rows_size, int64_t groups) {
   if (p.k < 1 || p.k > target.max_k)
@@ -141,7 +142,7 @@ inline ffi::Error CheckTopkSizes(const TopkTarget& target, const TopkProblem& p,
   if (p.width > target.max_width)
     return InvalidTopkCall(target, "rows of ", p.width, " columns exceed its limit of ",
                            target.max_width);
-  if (p.lengths != nullptr && p.rows > 0 && lengths_size != p.rows)
+  if (lengths_size >= 0 && p.rows > 0 && lengths_size != p.rows)
     return InvalidTopkCall(target, "lengths has ", lengths_size, " entries for ", p.rows, " rows");
   if (p.page_table != nullptr) {
     if (p.log2_page_size < 0 || p.log2_page_size > 30 || (p.pages << p.log2_page_size) < p.width ||
@@ -165,13 +166,14 @@ inline ffi::Error CheckTopkSizes(const TopkTarget& target, const TopkProblem& p,
 // The shape rules are enforced at trace time; this re-checks what would make a handler
 // read out of bounds if a caller bypassed them.
 inline ffi::Error CheckTopkProblem(const TopkTarget& target, const TopkProblem& p,
-                                   const TopkOperands& operands) {
+                                   const TopkOperands& operands, bool has_lengths) {
   if (p.values != nullptr && (operands.values.element_type() != operands.scores.element_type() ||
                               operands.values.element_count() != static_cast<size_t>(p.rows) * p.k))
     return InvalidTopkCall(target, "values must be [", p.rows, ", ", p.k,
                            "] of the scores' element type");
-  return CheckTopkSizes(target, p, operands.lengths.element_count(),
-                        operands.table_rows.element_count(),
+  const int64_t lengths_size =
+      has_lengths ? static_cast<int64_t>(operands.lengths.element_count()) : -1;
+  return CheckTopkSizes(target, p, lengths_size, operands.table_rows.element_count(),
                         operands.num_valid_rows.element_count());
 }
 
@@ -221,7 +223,7 @@ inline ffi::Error DecodeTopkProblem(const TopkTarget& target, const TopkOperands
                    attrs.log2_page_size, &p);
   p.out = operands.out.typed_data();
   if (attrs.with_values) p.values = operands.values.untyped_data();
-  return CheckTopkProblem(target, p, operands);
+  return CheckTopkProblem(target, p, operands, attrs.has_lengths);
 }
 
 // The handler of one target on one backend: decodes the call into a TopkProblem and hands
