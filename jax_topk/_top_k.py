@@ -195,7 +195,10 @@ def _values_and_indices_jvp(k, sorted, primals, tangents):
     operand, lengths = primals
     operand_dot = tangents[0]
     values, indices = _values_and_indices(operand, lengths, k, sorted)
-    picked = jnp.take_along_axis(operand_dot, jnp.maximum(indices, 0), axis=-1)
+    # Under Explicit sharding a gather along a sharded axis needs its columns whole first (a
+    # no-op otherwise); the transpose (jax.grad) scatters back into the sharded layout.
+    gathered_dot = _fallback.columns_gathered(operand_dot)
+    picked = jnp.take_along_axis(gathered_dot, jnp.maximum(indices, 0), axis=-1)
     values_dot = jnp.where(indices >= 0, picked, jnp.zeros_like(picked))
     return (values, indices), (values_dot, np.zeros(indices.shape, jax.dtypes.float0))
 
