@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import partial
 
 from jax._src import dispatch
+from jax.sharding import PartitionSpec
 
 
 def define_eager_impl(primitive) -> None:
@@ -34,3 +35,15 @@ def lowering_num_devices(ctx) -> int:
 def with_extra_results(ctx, avals):
     """The lowering context with more results than the primitive declares (the workspace)."""
     return ctx.replace(avals_out=[*ctx.avals_out, *avals])
+
+
+def rows_like(aval, shape, dtype):
+    """An abstract value of `shape` and `dtype` whose leading (row) axis is laid out as
+    `aval`'s and whose other axes are whole: under Explicit sharding the type carries the
+    rows' mesh axes (later ops, and vmap's own axis, need them), and inside shard_map the
+    manual axes the value varies over are kept."""
+    sharding = aval.sharding
+    spec = sharding.spec
+    rows_axes = spec[0] if len(spec) else None
+    laid_out = sharding.update(spec=PartitionSpec(rows_axes, *[None] * (len(shape) - 1)))
+    return aval.update(shape=shape, dtype=dtype, weak_type=False, sharding=laid_out)

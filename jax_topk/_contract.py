@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_topk_cpu
+from ._compat import rows_like
 
 MAX_K = _jax_topk_cpu.MAX_K  # the native code's limits, one definition
 MAX_BF16_WIDTH = _jax_topk_cpu.MAX_BF16_WIDTH
@@ -137,9 +138,10 @@ class Params:
         return ("indices", "values") if self.with_values else ("indices",)
 
     def result_avals(self, operands: Operands) -> tuple[jax.core.ShapedArray, ...]:
-        rows = operands.scores.shape[0]
+        scores = operands.scores
+        shape = (scores.shape[0], self.k)
         shapes = {
-            "indices": jax.core.ShapedArray((rows, self.k), np.int32),  # column indices
-            "values": jax.core.ShapedArray((rows, self.k), operands.scores.dtype),
+            "indices": rows_like(scores, shape, np.int32),  # column indices
+            "values": rows_like(scores, shape, scores.dtype),
         }
         return tuple(shapes[name] for name in self.results)

@@ -23,6 +23,8 @@ from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _checks, _compat, _fallback, _jax_topk_cpu
+from ._batch_layout import Fold
+from ._compat import rows_like
 from ._contract import FAST_DTYPES, MAX_K
 from ._lowering import uses_fallback
 
@@ -35,24 +37,22 @@ merge_p.multiple_results = True
 
 def _shape_rule(values, indices, *, k: int, sorted: bool, local: bool):
     del sorted, local
-    rows = values.shape[0]
-    return (
-        jax.core.ShapedArray((rows, k), values.dtype),
-        jax.core.ShapedArray((rows, k), np.int32),
-    )
+    shape = (values.shape[0], k)
+    return rows_like(values, shape, values.dtype), rows_like(values, shape, np.int32)
 
 
 def _batch(args, dims, **params):
-    """vmap: the mapped axis becomes more rows."""
+    """vmap: the mapped axis becomes more rows (folded as `_batch_layout` says)."""
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
-    def rows_first(x, d):
-        x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-        return x.reshape(size * x.shape[1], x.shape[2])
+    def lead(x, d):
+        return jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
 
-    values, indices = (rows_first(x, d) for x, d in zip(args, dims))
-    results = merge_p.bind(values, indices, **params)
-    return [r.reshape(size, -1, params["k"]) for r in results], [0, 0]
+    values, indices = (lead(x, d) for x, d in zip(args, dims))
+    fold = Fold(values)
+    results = merge_p.bind(fold(values), fold(indices), **params)
+    results, dims_out = zip(*map(fold.unfold, results))
+    return list(results), list(dims_out)
 
 
 def _handler_lowering(ctx, values, indices, *, k: int, sorted: bool):

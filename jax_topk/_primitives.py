@@ -9,6 +9,7 @@ row-sharding partitioner.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -17,6 +18,7 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
 from . import _compat
+from ._batch_layout import Fold, laid_out
 from ._checks import shape_rule
 from ._contract import OPERATORS, Operands, Params
 from ._lowering import ffi_call_p
@@ -33,7 +35,9 @@ PRIMITIVES = {op: _make_primitive(operator.primitive) for op, operator in OPERAT
 
 
 def _batch(args, dims, *, primitive, params: Params):
-    """vmap: the mapped axis becomes more rows (and more num_valid_rows groups)."""
+    """vmap: the mapped axis becomes more rows (and more num_valid_rows groups). Where the
+    calls fold row-major (`_batch_layout`), num_valid_rows cannot stay per call: each call's
+    rows past it get lengths of 0 instead (the same result, SPEC section 3)."""
     operands, dims = Operands(*args), Operands(*dims)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
@@ -43,31 +47,39 @@ def _batch(args, dims, *, primitive, params: Params):
         return jnp.moveaxis(x, d, 0)
 
     scores = lead(operands.scores, dims.scores)
+    fold = Fold(scores)
     rows, n = scores.shape[1:]
-    scores = scores.reshape(size * rows, n)
     lengths = operands.lengths  # absent (every row whole): stays the placeholder
     if params.has_lengths:
-        lengths = lead(lengths, dims.lengths).reshape(size * rows)
+        lengths = lead(lengths, dims.lengths)
+    num_valid_rows = operands.num_valid_rows
+    if params.has_num_valid_rows:
+        num_valid_rows = lead(num_valid_rows, dims.num_valid_rows).reshape(size)
+        if fold.rows_major:
+            limits = jnp.clip(num_valid_rows, 0, rows)[:, None]
+            valid = jnp.arange(rows, dtype=jnp.int32)[None, :] < limits
+            whole = lengths if params.has_lengths else jnp.full((size, rows), n, jnp.int32)
+            lengths = jnp.where(valid, laid_out(whole, (None, None)), 0)
+            num_valid_rows = Operands.absent(1)
+            params = dataclasses.replace(params, has_lengths=True, has_num_valid_rows=False)
+    if params.has_lengths:
+        lengths = fold(lengths)
     page_table, table_rows = operands.page_table, operands.table_rows
     if params.has_page_table and params.has_table_rows:
         if dims.page_table is not None:  # one table per mapped call: stack and offset
-            tables = lead(page_table, dims.page_table)
+            tables = laid_out(lead(page_table, dims.page_table), (None, None))
             count = tables.shape[1]
             page_table = tables.reshape(size * count, tables.shape[2])
             local = jnp.clip(lead(table_rows, dims.table_rows), 0, count - 1)
             table_rows = local + count * jnp.arange(size, dtype=jnp.int32)[:, None]
         else:
             table_rows = lead(table_rows, dims.table_rows)
-        table_rows = table_rows.reshape(size * rows)
+        table_rows = fold(table_rows)
     elif params.has_page_table:
-        page_table = lead(page_table, dims.page_table)
-        page_table = page_table.reshape(size * page_table.shape[1], page_table.shape[2])
-    num_valid_rows = operands.num_valid_rows
-    if params.has_num_valid_rows:
-        num_valid_rows = lead(num_valid_rows, dims.num_valid_rows).reshape(-1)
-    batched = Operands(scores, lengths, page_table, table_rows, num_valid_rows)
-    results = primitive.bind(*batched, params=params)
-    return [r.reshape(size, rows, *r.shape[1:]) for r in results], [0] * len(results)
+        page_table = fold(lead(page_table, dims.page_table))
+    batched = Operands(fold(scores), lengths, page_table, table_rows, num_valid_rows)
+    results, dims_out = zip(*map(fold.unfold, primitive.bind(*batched, params=params)))
+    return list(results), list(dims_out)
 
 
 def _jvp(primals, tangents, *, primitive, params: Params):

@@ -12,6 +12,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P
 
+import jax_topk  # noqa: E402
+from tests.support import families  # noqa: E402
 from tests.support.operators import OPS, SCORE_DTYPES, make_scores, permuted_page_table  # noqa: E402
 
 INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
@@ -26,6 +28,32 @@ def assert_no_gather_of_scores(fn, args, dtype):
         if "all-gather(" in line and f"{dtype}[" in line.split("all-gather(")[0]
     ]
     assert not gathered, "the partitioned call gathered the scores:\n" + "\n".join(gathered)
+
+
+def check_vmap_with_values(axis_type, rng) -> int:
+    """vmap of top_k (values, indices, and the gradient through the values) and of merge_topk
+    over calls split over the mesh, or each call's rows split, or both: the kernels (k = 16)
+    and the exact paths past the kernels' k (k = 2100: top_k's rounds take the kernels'
+    results apart) equal unsharded calls."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    batched = families.make("normal", rng, (4, 8, 3000), "float32")
+    columns = np.stack([rng.permutation(3000) for _ in range(32)]).astype(np.int32)
+    columns = columns.reshape(4, 8, 3000)
+    checks = 0
+    for spec in (P("data", None, None), P(None, ("data", "model"), None), P("data", "model")):
+        placed = jax.device_put(batched, NamedSharding(mesh, spec))
+        placed_columns = jax.device_put(columns, NamedSharding(mesh, spec))
+        for k in (16, 2100):
+            fn = jax.jit(jax.vmap(lambda x, k=k: jax_topk.top_k(x, k)))
+            for got, want in zip(fn(placed), fn(batched)):
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            grad = jax.jit(jax.vmap(jax.grad(lambda x, k=k: jax_topk.top_k(x, k)[0].sum())))
+            np.testing.assert_array_equal(np.asarray(grad(placed)), np.asarray(grad(batched)))
+            merge = jax.jit(jax.vmap(lambda v, c, k=k: jax_topk.merge_topk(v, c, k)))
+            for got, want in zip(merge(placed, placed_columns), merge(batched, columns)):
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            checks += 3
+    return checks
 
 
 def main():
@@ -103,19 +131,45 @@ def main():
             assert_no_gather_of_scores(
                 fn, (*sharded, put(np.array([3, 8, 0, 5], np.int32), P("data"))), hlo_dtype
             )
-            if axis_type == jax.sharding.AxisType.Explicit:
-                continue  # the layout below cannot be folded into rows without a regather
-            # Rows of one call split over all 8 devices with the calls unsplit: still equal
-            # (vmap folds calls into rows, so XLA regathers this layout first).
+            # Rows of one call split over all 8 devices with the calls unsplit: still equal.
+            # Auto: vmap folds calls into rows, so XLA regathers this layout first. Explicit:
+            # the rows fold row-major (no regather), num_valid_rows become lengths of 0.
+            all_axes = ("data", "model")
             sharded = (
-                put(batched[0], P(None, ("data", "model"), None)),
-                put(batched[1], P(None, ("data", "model"))),
+                put(batched[0], P(None, all_axes, None)),
+                put(batched[1], P(None, all_axes)),
             )
-            valid = np.array((2, 7, INT32_MIN, 6), np.int32)
-            np.testing.assert_array_equal(
-                np.asarray(fn(*sharded, valid)), np.asarray(fn(*batched, valid))
-            )
-            checks += 1
+            for valid in ((2, 7, INT32_MIN, 6), (8, INT32_MAX, 0, 1)):
+                valid = np.array(valid, np.int32)
+                got = fn(*sharded, valid)
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(fn(*batched, valid)))
+                checks += 1
+            if axis_type == jax.sharding.AxisType.Explicit:
+                assert tuple(got.sharding.spec)[:2] == (None, all_axes), got.sharding
+                assert_no_gather_of_scores(fn, (*sharded, valid), hlo_dtype)
+                # Per-call page tables with their own table_rows, scores rows split, the
+                # lengths laid out otherwise (the calls split): folded in the scores' order.
+                fn_tables = jax.jit(
+                    jax.vmap(
+                        lambda s, lens, t, tr, op=op: OPS[op](
+                            s, lens, k=k, page_table=t, page_size=page_size, table_rows=tr
+                        )
+                    )
+                )
+                tables = np.stack([permuted_page_table(rng, 3, n // page_size + 1)] * 4)
+                tables_rows = rng.integers(-2, 5, size=(4, 8)).astype(np.int32)
+                args = (batched[0], batched[1], tables, tables_rows)
+                placed = (
+                    sharded[0],
+                    put(batched[1], P(None, None)),
+                    tables,
+                    put(tables_rows, P(None, all_axes)),
+                )
+                np.testing.assert_array_equal(
+                    np.asarray(fn_tables(*placed)), np.asarray(fn_tables(*args))
+                )
+                checks += 1
+        checks += check_vmap_with_values(axis_type, rng)
     print(f"sharding: {checks} sharded calls equal the unsharded ones, no all-gather of scores")
 
 
