@@ -12,7 +12,9 @@
 //    of its one or two (one compare of (key, inverted column) each, 32-bit for 16-bit keys,
 //    broadcast reads, no cross-lane dependency): that is its rank. More: min(k, count) rounds of
 //    two redux.sync (max key, min column) over 2 or E slots a lane.
-// Instruction-bound (f32 [65536, 256] k = 8: ~400 a row). Limits: kSmallRowsMax* (topk_common.h).
+// Instruction-bound (f32 [65536, 256] k = 8: ~400 a row). The rows top_k passes (whole, unpaged,
+// all valid, with values) run instances without those options' tests (PlainRows: 12-17 % faster
+// there). Limits: kSmallRowsMax* (topk_common.h).
 // JAX_TOPK_SMALL_ROWS=digits (read at each launch) takes step 2 by digits at every k (tests).
 #include <cuda_runtime.h>
 
@@ -59,6 +61,7 @@ __device__ __forceinline__ uint32_t InvertedColumn(uint32_t column) { return kCo
 // How each score type reads as a key and writes back as a value. kMaskedBits (a NaN) stands in
 // for a column past the length, so one NaN test excludes both.
 struct Float32Rules {
+  static constexpr bool kPlain = false;  // PlainRows below
   using Bits = uint32_t;
   static constexpr Bits kMaskedBits = 0x7FFFFFFFu;
   static constexpr Bits kEmptyValueBits = kNegInfF32Bits;
@@ -76,6 +79,7 @@ template <ScoreType kScoreType>
 struct SixteenBitRules {
   static_assert(kScoreType == ScoreType::kBfloat16 || kScoreType == ScoreType::kFloat16);
   static constexpr bool kBfloat16 = kScoreType == ScoreType::kBfloat16;
+  static constexpr bool kPlain = false;  // PlainRows below
   using Bits = uint16_t;
   static constexpr Bits kMaskedBits = 0x7FFFu;
   static constexpr Bits kEmptyValueBits = kBfloat16 ? kNegInfBf16Bits : kNegInfF16Bits;
@@ -92,6 +96,18 @@ struct SixteenBitRules {
   }
   __device__ static Bits ValueBits(uint32_t key) { return BitsFromOrderedKeyBf16(key); }
 };
+
+// The rows top_k passes: whole (no lengths), every row valid, no page table, with a values
+// output. Their own instances skip the per-row lengths and valid-row loads and the page
+// transform's tests (benches/NOTES.md "small rows: a plain instance").
+template <typename Rules>
+struct PlainRows : Rules {
+  static constexpr bool kPlain = true;
+};
+__host__ bool IsPlain(const TopkProblem& problem) {
+  return problem.lengths == nullptr && problem.num_valid_rows == nullptr &&
+         problem.page_table == nullptr && problem.values != nullptr;
+}
 
 // Keys of columns [first_column, first_column + kElems); kNoCandidate at or past `length` (nothing
 // there is read). On a 16-byte aligned row every lane's slice is too (kElems * element size is a
@@ -245,17 +261,22 @@ struct RowOutput {
   int log2_page_size;
   __device__ RowOutput(const TopkProblem& problem, int64_t row)
       : indices(problem.out + row * problem.k),
-        values(problem.values != nullptr ? static_cast<Bits*>(problem.values) + row * problem.k
-                                         : nullptr),
-        table_row(PageTableRow(problem, row)),
+        values(Rules::kPlain || problem.values != nullptr
+                   ? static_cast<Bits*>(problem.values) + row * problem.k
+                   : nullptr),
+        table_row(Rules::kPlain ? nullptr : PageTableRow(problem, row)),
         log2_page_size(problem.log2_page_size) {}
   __device__ void Winner(int slot, uint32_t column, uint32_t key) const {
-    indices[slot] = PageTransform(static_cast<int32_t>(column), table_row, log2_page_size);
-    if (values != nullptr) values[slot] = Rules::ValueBits(key);
+    if constexpr (Rules::kPlain) {
+      indices[slot] = static_cast<int32_t>(column);
+    } else {
+      indices[slot] = PageTransform(static_cast<int32_t>(column), table_row, log2_page_size);
+    }
+    if (Rules::kPlain || values != nullptr) values[slot] = Rules::ValueBits(key);
   }
   __device__ void Empty(int slot) const {
     indices[slot] = kEmptySlot;
-    if (values != nullptr) values[slot] = Rules::kEmptyValueBits;
+    if (Rules::kPlain || values != nullptr) values[slot] = Rules::kEmptyValueBits;
   }
 };
 
@@ -447,14 +468,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   if (row >= problem.rows) return;  // whole warps leave: no warp-wide call sees a missing lane
   const int k = problem.k;
 
-  if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
+  if (!Rules::kPlain && !RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
     const RowOutput<Rules> output(problem, row);
     for (int slot = lane; slot < k; slot += kWarpSize) output.Empty(slot);
     return;
   }
-  const int length =
-      static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
-                                                  : problem.width);
+  const int length = static_cast<int>(!Rules::kPlain && problem.lengths != nullptr
+                                          ? ClampLength(problem.lengths[row], problem.width)
+                                          : problem.width);
   const Bits* row_scores = static_cast<const Bits*>(problem.scores) + row * problem.width;
   const bool aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
   const int first_column = lane * kElems;
@@ -504,11 +525,16 @@ void LaunchForSlice(const TopkProblem& problem, cudaStream_t stream) {
 
 template <typename Rules>
 cudaError_t LaunchForRules(const TopkProblem& problem, cudaStream_t stream) {
-  // The narrowest slice that covers the row: short rows hold fewer registers.
+  // The narrowest slice that covers the row: short rows hold fewer registers. Plain rows of
+  // 32 keys a lane take the general instance: the plain one took 95 registers against 80 and
+  // ran 3 % slower (f32 [65536, 1024] k = 32, benches/NOTES.md "small rows: a plain instance").
+  const bool plain = IsPlain(problem);
   if (problem.width <= kWarpSize * 8) {
-    LaunchForSlice<Rules, 8>(problem, stream);
+    plain ? LaunchForSlice<PlainRows<Rules>, 8>(problem, stream)
+          : LaunchForSlice<Rules, 8>(problem, stream);
   } else if (problem.width <= kWarpSize * 16) {
-    LaunchForSlice<Rules, 16>(problem, stream);
+    plain ? LaunchForSlice<PlainRows<Rules>, 16>(problem, stream)
+          : LaunchForSlice<Rules, 16>(problem, stream);
   } else {
     static_assert(kMaxElemsPerLane == 32, "the widest slice covers kSmallRowsMaxWidth");
     LaunchForSlice<Rules, kMaxElemsPerLane>(problem, stream);

@@ -169,10 +169,17 @@ int CheckKernel() {
     }
   };
   ForEachShape({1, 7, 33, 100, 255, 256, 257, 300, 512, 513, 777, 1000, 1024}, [&](Case c) {
-    for (int variant = 0; variant < 4; ++variant) {
-      c.sorted = variant % 2 == 0;
-      c.with_values = variant != 3;
-      c.with_lengths = variant != 2;
+    // (sorted, values, lengths); the rows without lengths but with values are what top_k
+    // passes (the kernel's plain instances), both orders.
+    constexpr bool kVariants[5][3] = {{true, true, true},
+                                      {false, true, true},
+                                      {true, true, false},
+                                      {false, false, true},
+                                      {false, true, false}};
+    for (const auto& variant : kVariants) {
+      c.sorted = variant[0];
+      c.with_values = variant[1];
+      c.with_lengths = variant[2];
       run(c);
     }
     // Everything at once, on an unaligned base.
