@@ -1,4 +1,5 @@
-// topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row.
+// topk_small_rows: exact top-k of short rows (MoE routing: [T, 256], k = 8), one warp per row
+// (plain 16-bit rows of <= 256 columns at k <= 16: half a warp, two rows a warp; LaunchPaired).
 // 1. Lane L keeps the ordered keys of columns [L*E, L*E + E) (E = 8/16/32, 16-byte loads where
 //    aligned); NaN and columns past the length get key 0, never a candidate.
 // 2. Few winners (k <= 32; 16-bit rows: <= 24 from 1024 rows): k rounds of a warp max
@@ -15,7 +16,8 @@
 // Instruction-bound (f32 [65536, 256] k = 8: ~400 a row). The rows top_k passes (whole, unpaged,
 // all valid, with values) run instances without those options' tests (PlainRows: 12-17 % faster
 // there). Limits: kSmallRowsMax* (topk_common.h).
-// JAX_TOPK_SMALL_ROWS=digits (read at each launch) takes step 2 by digits at every k (tests).
+// JAX_TOPK_SMALL_ROWS=digits (read at each launch) takes step 2 by digits at every k, and any
+// value keeps a warp a row (tests, benchmarks).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -46,6 +48,37 @@ static_assert(kSmallRowsMaxK <= 2 * kWarpSize, "winners rank, and empty slots fi
 constexpr int kDigitBins = 256;  // step 2 by digits: 8 bits of the key a pass
 static_assert(kSmallRowsMaxWidth <= 0xFFFF, "a column fits the low 16 bits of a slot");
 
+// The lanes that serve one row: a whole warp, or half of one for short plain rows (two rows a
+// warp, so that each warp-wide step of the rounds, the scan and the ranks serves two rows:
+// LaunchPaired). Collectives name only the row's lanes; scans and broadcasts stay inside them.
+template <int kLanes>
+struct RowLanes {
+  static_assert(kLanes == kWarpSize || kLanes == kWarpSize / 2, "a warp or half of one");
+  int lane;       // this lane's place among the row's lanes
+  int first;      // the warp lane of the row's lane 0
+  unsigned mask;  // the row's lanes in the warp
+  __device__ RowLanes()
+      : lane(static_cast<int>(threadIdx.x % kLanes)),
+        first(static_cast<int>(threadIdx.x % kWarpSize) - lane),
+        mask(kLanes == kWarpSize ? kFullWarp : ((1u << kLanes) - 1) << first) {}
+  // Bit i: lane i of the row voted.
+  __device__ uint32_t Ballot(bool vote) const { return __ballot_sync(mask, vote) >> first; }
+  __device__ uint32_t Max(uint32_t value) const { return __reduce_max_sync(mask, value); }
+  __device__ uint32_t Min(uint32_t value) const { return __reduce_min_sync(mask, value); }
+  __device__ int InclusiveSum(int value) const {
+#pragma unroll
+    for (int offset = 1; offset < kLanes; offset *= 2) {
+      const int other = __shfl_up_sync(mask, value, offset, kLanes);
+      if (lane >= offset) value += other;
+    }
+    return value;
+  }
+  __device__ int FromLastLane(int value) const {
+    return __shfl_sync(mask, value, kLanes - 1, kLanes);
+  }
+  __device__ void Sync() const { __syncwarp(mask); }
+};
+
 // Key 0 marks "no candidate": every non-NaN value's ordered key is above it (-inf's is 0x7F or
 // more), so NaN, masked columns and empty slots need no flag of their own.
 constexpr uint32_t kNoCandidate = 0;
@@ -56,7 +89,9 @@ constexpr uint32_t kColumnMask = (1u << kRankShift) - 1;
 constexpr uint32_t kNoColumn = kColumnMask;
 // The shared buffer holds (key, kColumnMask - column): (key << 32 | that) orders candidates as the
 // output does (higher key first, then lower column) in one 64-bit compare.
-__device__ __forceinline__ uint32_t InvertedColumn(uint32_t column) { return kColumnMask - column; }
+__device__ __forceinline__ uint32_t InvertedColumn(uint32_t column) {
+  return kColumnMask - column;
+}
 
 // How each score type reads as a key and writes back as a value. kMaskedBits (a NaN) stands in
 // for a column past the length, so one NaN test excludes both.
@@ -153,8 +188,9 @@ __device__ __forceinline__ void LoadKeys(const typename Rules::Bits* row_scores,
 // dropping the maxima equal to it. One maximum a lane leaves ~9 candidates at k = 8 but ~100 at
 // k = 32 (n = 256, normal scores, simulated); two leave ~40 at k = 32.
 constexpr int kMaxKForOneMaximum = 16;
-template <int kGroups, int kElems>
-__device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kElems], int k) {
+template <int kGroups, int kElems, int kLanes>
+__device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kElems], int k,
+                                                       const RowLanes<kLanes>& lanes) {
   static_assert(kElems % kGroups == 0, "equal parts");
   uint32_t group_best[kGroups];
 #pragma unroll
@@ -170,7 +206,7 @@ __device__ __forceinline__ uint32_t CandidateThreshold(const uint32_t (&keys)[kE
     uint32_t lane_best = group_best[0];
 #pragma unroll
     for (int g = 1; g < kGroups; ++g) lane_best = max(lane_best, group_best[g]);
-    threshold = __reduce_max_sync(kFullWarp, lane_best);
+    threshold = lanes.Max(lane_best);
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       if (group_best[g] == threshold) group_best[g] = kNoCandidate;
@@ -256,7 +292,7 @@ template <typename Rules>
 struct RowOutput {
   using Bits = typename Rules::Bits;
   int32_t* indices;
-  Bits* values;  // null without a values output
+  Bits* values;              // null without a values output
   const int32_t* table_row;  // null without a page table
   int log2_page_size;
   __device__ RowOutput(const TopkProblem& problem, int64_t row)
@@ -287,10 +323,11 @@ struct RowOutput {
 // two dependent reductions a winner. A 16-bit key and an inverted column fit one 32-bit compare.
 // Unsorted output of no more candidates than k needs no rank (all are taken, in buffer order).
 // k <= 32 * kOutputRounds.
-template <typename Rules, int kSlots, int kOutputRounds>
+template <typename Rules, int kSlots, int kOutputRounds, int kLanes>
 __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
-                                             const TopkProblem& problem, int64_t row) {
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+                                             const TopkProblem& problem, int64_t row,
+                                             const RowLanes<kLanes>& lanes) {
+  const int lane = lanes.lane;
   constexpr bool kSixteenBit = sizeof(typename Rules::Bits) == 2;
   using OrderWord = std::conditional_t<kSixteenBit, uint32_t, uint64_t>;
   const auto order_word = [](uint2 entry) {
@@ -302,7 +339,7 @@ __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int
   int rank[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const int index = s * kWarpSize + lane;
+    const int index = s * kLanes + lane;
     mine[s] = index < candidates ? candidates_buffer[index]
                                  : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
     my_word[s] = order_word(mine[s]);
@@ -320,11 +357,11 @@ __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int
   int taken_before = 0;  // sorted = false: winners in lower slots (lower columns) so far
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const bool taken = s * kWarpSize + lane < candidates && rank[s] < k;
+    const bool taken = s * kLanes + lane < candidates && rank[s] < k;
     // sorted = false: column order, which is the buffer's.
     int slot = rank[s];
     if (!problem.sorted) {
-      const uint32_t taken_lanes = __ballot_sync(kFullWarp, taken);
+      const uint32_t taken_lanes = lanes.Ballot(taken);
       slot = taken_before + __popc(taken_lanes & ((1u << lane) - 1));
       taken_before += __popc(taken_lanes);
     }
@@ -333,7 +370,7 @@ __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int
   const int winners = candidates < k ? candidates : k;
 #pragma unroll
   for (int round = 0; round < kOutputRounds; ++round) {
-    const int slot = round * kWarpSize + lane;
+    const int slot = round * kLanes + lane;
     if (slot >= winners && slot < k) output.Empty(slot);
   }
 }
@@ -341,15 +378,16 @@ __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int
 // Step 3's rounds, by all lanes, with kSlots slots a lane: slot s of lane L holds candidate
 // s * 32 + L of the column-ordered buffer (so a lane's slots ascend in column). Takes the
 // min(k, candidates) winners and writes them and the empty slots.
-template <typename Rules, int kSlots>
+template <typename Rules, int kSlots, int kLanes>
 __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, int candidates,
-                                               const TopkProblem& problem, int64_t row) {
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+                                               const TopkProblem& problem, int64_t row,
+                                               const RowLanes<kLanes>& lanes) {
+  const int lane = lanes.lane;
   uint32_t keys[kSlots];
   uint32_t columns[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const int index = s * kWarpSize + lane;
+    const int index = s * kLanes + lane;
     const uint2 entry = index < candidates ? candidates_buffer[index]
                                            : make_uint2(kNoCandidate, InvertedColumn(kNoColumn));
     keys[s] = entry.x;
@@ -362,12 +400,12 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
     uint32_t lane_best = keys[0];
 #pragma unroll
     for (int s = 1; s < kSlots; ++s) lane_best = max(lane_best, keys[s]);
-    const uint32_t best = __reduce_max_sync(kFullWarp, lane_best);
+    const uint32_t best = lanes.Max(lane_best);
     // Of this lane's slots at the best key, the first holds the lowest column.
     uint32_t lane_column = kNoColumn;
 #pragma unroll
     for (int s = kSlots - 1; s >= 0; --s) lane_column = keys[s] == best ? columns[s] : lane_column;
-    const uint32_t winner = __reduce_min_sync(kFullWarp, lane_column);
+    const uint32_t winner = lanes.Min(lane_column);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       if (columns[s] == winner) {
@@ -385,33 +423,34 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
     const bool taken = rank_plus_one != 0;
     int position = static_cast<int>(rank_plus_one) - 1;
     if (!problem.sorted) {
-      const uint32_t taken_lanes = __ballot_sync(kFullWarp, taken);
+      const uint32_t taken_lanes = lanes.Ballot(taken);
       position = taken_before + __popc(taken_lanes & ((1u << lane) - 1));
       taken_before += __popc(taken_lanes);
     }
     if (taken) {
-      output.Winner(position, columns[s] & kColumnMask, candidates_buffer[s * kWarpSize + lane].x);
+      output.Winner(position, columns[s] & kColumnMask, candidates_buffer[s * kLanes + lane].x);
     }
   }
-  if (lane >= winners && lane < k) output.Empty(lane);
+  if (lane >= winners && lane < k) output.Empty(lane);  // k <= kLanes (the rounds' limits)
 }
 
 // Steps 2-3's compaction, by all lanes: the keys flagged in `bits` go to the warp's buffer as
 // (key, inverted column) in column order (lane order, then slice order); returns how many.
-template <int kElems>
+template <int kElems, int kLanes>
 __device__ __forceinline__ int CompactInColumnOrder(uint32_t bits, const uint32_t (&keys)[kElems],
-                                                    int first_column, uint2* warp_buffer) {
+                                                    int first_column, uint2* row_buffer,
+                                                    const RowLanes<kLanes>& lanes) {
   const int lane_count = __popc(bits);
-  const int inclusive = WarpInclusiveSum(lane_count);
-  const int total = __shfl_sync(kFullWarp, inclusive, kWarpSize - 1);
-  uint2* next_entry = warp_buffer + (inclusive - lane_count);
+  const int inclusive = lanes.InclusiveSum(lane_count);
+  const int total = lanes.FromLastLane(inclusive);
+  uint2* next_entry = row_buffer + (inclusive - lane_count);
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
     if ((bits >> e) & 1) {
       *next_entry++ = make_uint2(keys[e], InvertedColumn(static_cast<uint32_t>(first_column + e)));
     }
   }
-  __syncwarp();
+  lanes.Sync();
   return total;
 }
 
@@ -443,34 +482,41 @@ __device__ __forceinline__ void SelectByDigits(const uint32_t (&keys)[kElems], i
   const int equal_before = WarpInclusiveSum(equal_count) - equal_count;
   const int equal_taken = max(0, min(equal_count, boundary.quota - equal_before));
   const uint32_t taken_bits = greater_bits | LowestSetBits(equal_bits, equal_taken);
-  const int winners = CompactInColumnOrder(taken_bits, keys, first_column, warp_buffer);
+  const RowLanes<kWarpSize> lanes;
+  const int winners = CompactInColumnOrder(taken_bits, keys, first_column, warp_buffer, lanes);
   if (winners <= kWarpSize) {
-    RankAndWrite<Rules, 1, 2>(warp_buffer, winners, problem, row);
+    RankAndWrite<Rules, 1, 2>(warp_buffer, winners, problem, row, lanes);
   } else {
-    RankAndWrite<Rules, 2, 2>(warp_buffer, winners, problem, row);
+    RankAndWrite<Rules, 2, 2>(warp_buffer, winners, problem, row, lanes);
   }
 }
 
 // kByDigits: step 2 by digits (k past the rounds' limit, or JAX_TOPK_SMALL_ROWS=digits), an
 // instance of its own so that the rounds' instances keep their registers and shared memory.
-template <typename Rules, int kElems, bool kByDigits>
+// kLanes: the lanes a row (16: two rows a warp, rounds only; LaunchPaired).
+template <typename Rules, int kElems, bool kByDigits, int kLanes = kWarpSize>
 __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const TopkProblem problem) {
+  static_assert(kLanes == kWarpSize || !kByDigits, "digits take a whole warp a row");
+  constexpr int kRowsPerBlock = kThreadsPerBlock / kLanes;
   using Bits = typename Rules::Bits;
-  // (key, InvertedColumn(column)) of each warp's candidates in column order; in full only when a
+  // (key, InvertedColumn(column)) of each row's candidates in column order; in full only when a
   // row's candidates are many (ties at the threshold, rows in ascending order).
-  __shared__ uint2 candidates_buffer[kWarpsPerBlock][kWarpSize * kElems];
+  __shared__ uint2 candidates_buffer[kRowsPerBlock][kLanes * kElems];
   // Each warp's digit histogram (step 2 by digits).
   __shared__ alignas(16) int digit_bins[kByDigits ? kWarpsPerBlock : 1][kByDigits ? kDigitBins : 4];
 
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const RowLanes<kLanes> lanes;
+  const int lane = lanes.lane;
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
-  if (row >= problem.rows) return;  // whole warps leave: no warp-wide call sees a missing lane
+  const int row_in_block = static_cast<int>(threadIdx.x / kLanes);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + row_in_block;
+  // A row's lanes leave together: no collective sees a missing lane (collectives name only them).
+  if (row >= problem.rows) return;
   const int k = problem.k;
 
   if (!Rules::kPlain && !RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
     const RowOutput<Rules> output(problem, row);
-    for (int slot = lane; slot < k; slot += kWarpSize) output.Empty(slot);
+    for (int slot = lane; slot < k; slot += kLanes) output.Empty(slot);
     return;
   }
   const int length = static_cast<int>(!Rules::kPlain && problem.lengths != nullptr
@@ -482,28 +528,34 @@ __global__ void __launch_bounds__(kThreadsPerBlock) TopkSmallRowsKernel(const To
   uint32_t keys[kElems];
   LoadKeys<Rules, kElems>(row_scores, aligned, first_column, length, keys);
 
-  uint2* const warp_buffer = candidates_buffer[warp];
+  uint2* const row_buffer = candidates_buffer[row_in_block];
   if constexpr (kByDigits) {
-    SelectByDigits<Rules, kElems>(keys, first_column, digit_bins[warp], warp_buffer, problem, row);
+    SelectByDigits<Rules, kElems>(keys, first_column, digit_bins[warp], row_buffer, problem, row);
     return;
   }
 
-  // Step 2: the threshold.
-  const uint32_t threshold =
-      k <= kMaxKForOneMaximum ? CandidateThreshold<1>(keys, k) : CandidateThreshold<2>(keys, k);
+  // Step 2: the threshold, over maxima of 8 keys (two rows a warp: k <= kMaxKForOneMaximum).
+  uint32_t threshold;
+  if constexpr (kLanes < kWarpSize) {
+    threshold = CandidateThreshold<kElems / 8>(keys, k, lanes);
+  } else {
+    threshold = k <= kMaxKForOneMaximum ? CandidateThreshold<1>(keys, k, lanes)
+                                        : CandidateThreshold<2>(keys, k, lanes);
+  }
 
   // Step 3: compact the candidates in column order (lane order, then slice order).
   uint32_t candidate_bits = 0;  // bit e: keys[e] is a candidate (one compare an element)
 #pragma unroll
   for (int e = 0; e < kElems; ++e) candidate_bits |= (keys[e] >= threshold ? 1u : 0u) << e;
-  const int candidates = CompactInColumnOrder(candidate_bits, keys, first_column, warp_buffer);
+  const int candidates =
+      CompactInColumnOrder(candidate_bits, keys, first_column, row_buffer, lanes);
 
-  if (candidates <= kWarpSize) {
-    RankAndWrite<Rules, 1, 1>(warp_buffer, candidates, problem, row);
-  } else if (candidates <= 2 * kWarpSize) {
-    SelectAndWrite<Rules, 2>(warp_buffer, candidates, problem, row);
+  if (candidates <= kLanes) {
+    RankAndWrite<Rules, 1, 1>(row_buffer, candidates, problem, row, lanes);
+  } else if (candidates <= 2 * kLanes) {
+    SelectAndWrite<Rules, 2>(row_buffer, candidates, problem, row, lanes);
   } else {
-    SelectAndWrite<Rules, kElems>(warp_buffer, candidates, problem, row);
+    SelectAndWrite<Rules, kElems>(row_buffer, candidates, problem, row, lanes);
   }
 }
 
@@ -523,12 +575,33 @@ void LaunchForSlice(const TopkProblem& problem, cudaStream_t stream) {
   }
 }
 
+// Two rows a warp, 16 lanes each: kElems keys a lane, the rounds' step 2 only.
+template <typename Rules, int kElems>
+void LaunchPaired(const TopkProblem& problem, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = 2 * kWarpsPerBlock;
+  const dim3 grid(static_cast<unsigned int>((problem.rows + kRowsPerBlock - 1) / kRowsPerBlock));
+  TopkSmallRowsKernel<Rules, kElems, false, kWarpSize / 2>
+      <<<grid, kThreadsPerBlock, 0, stream>>>(problem);
+}
+
 template <typename Rules>
 cudaError_t LaunchForRules(const TopkProblem& problem, cudaStream_t stream) {
+  // LaunchPaired: plain 16-bit rows of at most 256 columns and k <= kMaxKForOneMaximum (MoE
+  // routing) take two rows a warp, so that each warp-wide step serves two rows. Measured on the
+  // H200 at [65536, 256] k = 8 (benches/NOTES.md "small rows: two rows a warp"): bfloat16 31.2
+  // -> 29.2 us, float32 30.1 -> 31.0 (its 16-key instance takes 56 registers against 32), so
+  // float32 rows keep a warp a row. JAX_TOPK_SMALL_ROWS (any value: "warp", "digits") keeps a
+  // warp a row for every type.
+  const bool plain = IsPlain(problem);
+  if (plain && sizeof(typename Rules::Bits) == 2 && problem.width <= kWarpSize / 2 * 16 &&
+      problem.k <= kMaxKForOneMaximum && std::getenv("JAX_TOPK_SMALL_ROWS") == nullptr) {
+    problem.width <= kWarpSize / 2 * 8 ? LaunchPaired<PlainRows<Rules>, 8>(problem, stream)
+                                       : LaunchPaired<PlainRows<Rules>, 16>(problem, stream);
+    return cudaGetLastError();
+  }
   // The narrowest slice that covers the row: short rows hold fewer registers. Plain rows of
   // 32 keys a lane take the general instance: the plain one took 95 registers against 80 and
   // ran 3 % slower (f32 [65536, 1024] k = 32, benches/NOTES.md "small rows: a plain instance").
-  const bool plain = IsPlain(problem);
   if (problem.width <= kWarpSize * 8) {
     plain ? LaunchForSlice<PlainRows<Rules>, 8>(problem, stream)
           : LaunchForSlice<Rules, 8>(problem, stream);

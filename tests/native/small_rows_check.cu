@@ -169,6 +169,7 @@ int CheckKernel() {
     }
   };
   ForEachShape({1, 7, 33, 100, 255, 256, 257, 300, 512, 513, 777, 1000, 1024}, [&](Case c) {
+    const Case base = c;
     // (sorted, values, lengths); the rows without lengths but with values are what top_k
     // passes (the kernel's plain instances), both orders.
     constexpr bool kVariants[5][3] = {{true, true, true},
@@ -190,6 +191,15 @@ int CheckKernel() {
     c.valid_row_groups = true;
     c.page_table = true;
     run(c);
+    // Rows ending inside a block and inside a warp (where two rows share a warp, its second
+    // half has no row), rows without lengths and with values: what top_k passes.
+    for (int fewer_rows : {1, 3, 7}) {
+      c = base;
+      c.sorted = fewer_rows != 3;
+      c.with_lengths = false;
+      c.fewer_rows = fewer_rows;
+      run(c);
+    }
   });
   // Limits: what the launcher must refuse.
   TopkProblem refused;
@@ -269,7 +279,8 @@ void TimeShape(ScoreType type, int64_t rows, int64_t width, int k, bool sorted, 
   CHECK_CUDA(cudaEventDestroy(stop));
 }
 
-// Bytes read plus written per microsecond by a large device-to-device copy (benches/README.md's floor).
+// Bytes read plus written per microsecond by a large device-to-device copy (benches/README.md's
+// floor).
 double CopyBytesPerUs() {
   constexpr size_t kBytes = size_t{512} << 20;
   void* a = nullptr;

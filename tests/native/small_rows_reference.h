@@ -261,6 +261,7 @@ struct Case {
   bool unaligned_base = false;  // scores start one element past a 256-byte boundary
   bool valid_row_groups = false;
   bool page_table = false;
+  int fewer_rows = 0;  // rows left off the end: the last block, or warp, holds fewer rows
 };
 
 struct HostProblem {
@@ -280,7 +281,7 @@ inline HostProblem MakeProblem(const Case& c, uint32_t seed) {
   HostProblem p;
   p.c = c;
   std::mt19937 rng(seed);
-  p.rows = kFamilies * 12;  // every family with every length choice
+  p.rows = kFamilies * 12 - c.fewer_rows;  // every family with every length choice
   const int bytes = ElementBytes(c.type);
   p.scores.resize(p.rows * c.width * bytes);
   p.lengths.resize(p.rows);
@@ -345,9 +346,10 @@ inline void ReferenceOutputs(const HostProblem& p, std::vector<int32_t>* out,
 inline std::string Describe(const Case& c) {
   char text[256];
   snprintf(text, sizeof(text),
-           "%s width=%lld k=%d sorted=%d values=%d lengths=%d unaligned=%d groups=%d pages=%d",
+           "%s width=%lld k=%d sorted=%d values=%d lengths=%d unaligned=%d groups=%d pages=%d "
+           "fewer_rows=%d",
            TypeName(c.type), static_cast<long long>(c.width), c.k, c.sorted, c.with_values,
-           c.with_lengths, c.unaligned_base, c.valid_row_groups, c.page_table);
+           c.with_lengths, c.unaligned_base, c.valid_row_groups, c.page_table, c.fewer_rows);
   return text;
 }
 
