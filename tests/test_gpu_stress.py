@@ -179,6 +179,30 @@ def test_small_rows_by_digits(n, dtype, mode, monkeypatch):
         assert_top_k_same_bits(scores, k, None, True, err_msg=f"k={k} no lengths")
 
 
+@pytest.mark.parametrize("mode", ["default", "warp"])
+@pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
+@pytest.mark.parametrize("n", [1, 7, 100, 128, 129, 255, 256])
+def test_small_rows_two_a_warp(n, dtype, mode, monkeypatch):
+    """top_k without lengths on 16-bit rows of <= 256 columns at k <= 16 runs two rows a warp
+    (half a warp each; JAX_TOPK_SMALL_ROWS=warp keeps a warp a row): values and indices against
+    the CPU bit for bit over every value family, both orders, an odd row count (the last warp
+    holds one row, the last block fewer than eight) and rows of one repeated key or of +-0."""
+    if mode == "warp":
+        monkeypatch.setenv("JAX_TOPK_SMALL_ROWS", "warp")
+    rng = np.random.default_rng(n * 5 + len(dtype) + len(mode))
+    rows = 1021
+    assert _top_k.route(np.dtype(dtype), n, min(16, n), rows) is _top_k.Route.SMALL_ROWS
+    names = sorted(families.FAMILIES)
+    scores = np.concatenate(
+        [families.make(name, rng, (rows // len(names) + 1, n), dtype) for name in names]
+    )[rng.permutation(rows)]
+    scores[1] = np.array(0.25, dtype)  # one key: the whole row ties
+    scores[2] = np.where(rng.random(n) < 0.5, 0.0, -0.0).astype(dtype)
+    for k in sorted({min(k, n) for k in (1, 2, 8, 9, 16)}):
+        for sorted_ in (True, False):
+            assert_top_k_same_bits(scores, k, None, sorted_, err_msg=f"k={k}")
+
+
 def sample_foolers(rng, rows, n):
     """Periodic rows whose residues hold the largest (or the smallest) values, for every
     small period, so that some phase of any regular sample sees only those."""
