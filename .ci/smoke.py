@@ -69,8 +69,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cuda", action="store_true", help="require the CUDA extension")
     args = parser.parse_args()
-    print(f"jax {jax.__version__}, jaxlib {jaxlib.version.__version__}; jax_topk built against "
-          f"jaxlib {_build_info.JAXLIB_VERSION}, from {jax_topk.__file__}")
+    print(
+        f"jax {jax.__version__}, jaxlib {jaxlib.version.__version__}; jax_topk built against "
+        f"jaxlib {_build_info.JAXLIB_VERSION}, from {jax_topk.__file__}"
+    )
     if args.cuda:
         check_cuda_extension()
     check_operators()

@@ -19,7 +19,8 @@ try:
 except ImportError as error:  # a source tree, not an installed build
     raise ImportError(
         f"jax_topk at {os.path.dirname(__file__)} is not built (no _build_info.py): install it "
-        f"(pip install -e .), or import it from outside its source tree") from error
+        f"(pip install -e .), or import it from outside its source tree"
+    ) from error
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -34,6 +35,7 @@ def require_jaxlib_of_build(installed: str = jaxlib.version.__version__) -> None
         raise ImportError(
             f"jax_topk was built against jaxlib {built}, but jaxlib {installed} is installed, "
             f"whose XLA FFI runtime would reject jax_topk's handlers (and then fail every JAX "
-            f"operation). Either upgrade jaxlib: pip install \"jaxlib>={built}\"; or rebuild "
+            f'operation). Either upgrade jaxlib: pip install "jaxlib>={built}"; or rebuild '
             f"jax_topk from its source against the installed jaxlib: pip install "
-            f"--no-build-isolation --no-deps --force-reinstall PATH_TO_JAX_TOPK_SOURCE")
+            f"--no-build-isolation --no-deps --force-reinstall PATH_TO_JAX_TOPK_SOURCE"
+        )

@@ -47,8 +47,12 @@ _IMPORT_WITH_NEWER_BUILD = textwrap.dedent("""
 
 
 def test_refused_import_leaves_jax_usable():
-    result = subprocess.run([sys.executable, "-c", _IMPORT_WITH_NEWER_BUILD],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_WITH_NEWER_BUILD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "refused: jax_topk was built against jaxlib 999.0" in result.stdout
     assert "pip install" in result.stdout

@@ -26,9 +26,13 @@ import subprocess
 import sys
 import tempfile
 
-
-FLAGS = ["-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr",
-         "-gencode=arch=compute_90a,code=sm_90a"]
+FLAGS = [
+    "-O3",
+    "-DNDEBUG",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-gencode=arch=compute_90a,code=sm_90a",
+]
 
 
 # The unnamed namespace's part of a mangled name: _GLOBAL__N__<hash>_<length>_<file>_cu_<hash>.
@@ -48,17 +52,35 @@ def cccl_include() -> str:
 def renumbered(lines: list[str]) -> list[str]:
     """Branch labels renamed by first appearance, so that two kernels compare by their shape."""
     names: dict[str, str] = {}
-    return [re.sub(r"\.L_x_\d+", lambda m: names.setdefault(m.group(0), f"L{len(names)}"), line)
-            for line in lines]
+    return [
+        re.sub(r"\.L_x_\d+", lambda m: names.setdefault(m.group(0), f"L{len(names)}"), line)
+        for line in lines
+    ]
 
 
-def kernels(cuda_root: pathlib.Path, source: str, nvdisasm: str, extra: list[str],
-            cubin: pathlib.Path) -> dict[str, list[str]]:
+def kernels(
+    cuda_root: pathlib.Path, source: str, nvdisasm: str, extra: list[str], cubin: pathlib.Path
+) -> dict[str, list[str]]:
     """Each kernel's instructions, its labels renumbered and the unnamed namespace dropped."""
-    subprocess.run(["nvcc", f"-I{cuda_root}", f"-I{cccl_include()}", *FLAGS, *extra, "-x", "cu",
-                    "-cubin", str(cuda_root / source), "-o", str(cubin)], check=True)
-    text = subprocess.run([nvdisasm, "-c", str(cubin)], check=True, capture_output=True,
-                          text=True).stdout
+    subprocess.run(
+        [
+            "nvcc",
+            f"-I{cuda_root}",
+            f"-I{cccl_include()}",
+            *FLAGS,
+            *extra,
+            "-x",
+            "cu",
+            "-cubin",
+            str(cuda_root / source),
+            "-o",
+            str(cubin),
+        ],
+        check=True,
+    )
+    text = subprocess.run(
+        [nvdisasm, "-c", str(cubin)], check=True, capture_output=True, text=True
+    ).stdout
     found = {}
     parts = re.split(r"\n\s*\.text\.(\S+):", text)
     for name, body in zip(parts[1::2], parts[2::2]):
@@ -76,8 +98,8 @@ def kernels(cuda_root: pathlib.Path, source: str, nvdisasm: str, extra: list[str
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m benches.probes.sass_compare")
     parser.add_argument("source", help="the .cu file, relative to the repository root")
     parser.add_argument("other_cuda", help="the other tree's cuda/ folder")
@@ -89,10 +111,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"source: {args.source} is not under cuda/")
     relative = pathlib.Path(*source.parts[1:])
     with tempfile.TemporaryDirectory() as work:
-        ours = kernels(pathlib.Path("cuda").resolve(), str(relative), args.nvdisasm, extra,
-                       pathlib.Path(work) / "ours.cubin")
-        theirs = kernels(pathlib.Path(args.other_cuda).resolve(), str(relative), args.nvdisasm,
-                         extra, pathlib.Path(work) / "theirs.cubin")
+        ours = kernels(
+            pathlib.Path("cuda").resolve(),
+            str(relative),
+            args.nvdisasm,
+            extra,
+            pathlib.Path(work) / "ours.cubin",
+        )
+        theirs = kernels(
+            pathlib.Path(args.other_cuda).resolve(),
+            str(relative),
+            args.nvdisasm,
+            extra,
+            pathlib.Path(work) / "theirs.cubin",
+        )
     print(f"{'kernel':<70} {'this tree':>10} {'other':>10}  same SASS")
     for name in sorted(set(ours) | set(theirs)):
         if args.filter not in name:
