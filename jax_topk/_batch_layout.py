@@ -1,15 +1,20 @@
 """How vmap folds its mapped calls into the rows of one call, sharding included.
 
 A batching rule moves the mapped axis first and merges it with the rows: [calls, rows, ...]
--> [calls * rows, ...]. Call-major (call b's rows together) is the natural order. Explicit
-sharding puts the mesh axes in the array's type, and a reshape can only merge axes whose
-split survives the merge: calls split (or nothing split) folds call-major, but rows split
-with the calls whole cannot, short of moving the scores between devices. Those fold
-row-major (row r of call b becomes row r * calls + b) and come back with the mapped axis
-second. Outside Explicit sharding the types carry no mesh axes and every fold is call-major.
+-> [calls * rows, ...]. Outside Explicit sharding the types carry no mesh axes and the fold is
+call-major (call b's rows together), as XLA then lays the rows out itself. Explicit sharding
+puts the mesh axes in the array's type, and a call-major merge keeps each device's rows together
+only when the rows are whole: with the calls split over mesh axes A (nA parts) and each call's
+rows over B (nB parts), the fold instead orders the rows by device first, [nA, calls / nA, nB,
+rows / nB] -> [nA, nB, calls / nA, rows / nB] -> one axis split over (A, B), so that every device
+keeps exactly its own rows (a relabelling: nothing moves) and the results unfold the same way.
+Rows of one call are then no longer consecutive, so per-call row groups (num_valid_rows) cannot
+pass through; the caller turns them into lengths (`Fold.keeps_groups`).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,14 +27,27 @@ def leading_axes(x, count: int) -> tuple:
     return tuple(spec[i] if i < len(spec) else None for i in range(count))
 
 
-def laid_out(x, leading: tuple):
-    """x with its leading axes split over `leading`'s mesh axes and the rest whole: operands
-    folded together must share one layout (a no-op where x has it, and outside Explicit)."""
-    spec = (*leading, *[None] * (x.ndim - len(leading)))
-    if leading_axes(x, x.ndim) == spec:
+def laid_out(x, leading: tuple, mesh):
+    """x with its leading axes split over `leading`'s mesh axes of `mesh` and its other axes as
+    they are: operands folded together must share the rows' layout (a no-op where x has it, and
+    outside Explicit sharding). Only x's leading axes change, so split columns stay split."""
+    own = leading_axes(x, x.ndim)
+    spec = (*leading, *own[len(leading) :])
+    if own == spec:
         return x
-    mesh = jax.typeof(x).sharding.mesh
+    own_mesh = jax.typeof(x).sharding.mesh
+    mesh = mesh if own_mesh.empty else own_mesh  # an unsharded operand takes the rows' mesh
     return jax.sharding.reshard(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+def _names(axes) -> tuple:
+    """Mesh `axes` (None, a name or a tuple of names) as a tuple of names."""
+    return () if axes is None else axes if isinstance(axes, tuple) else (axes,)
+
+
+def _parts(mesh, axes) -> int:
+    """How many pieces mesh `axes` split an axis into."""
+    return math.prod(mesh.shape[name] for name in _names(axes))
 
 
 class Fold:
@@ -38,19 +56,47 @@ class Fold:
 
     def __init__(self, leading_operand):
         self.calls, self.rows = leading_operand.shape[:2]
-        self.calls_axes, self.rows_axes = leading_axes(leading_operand, 2)
-        self.rows_major = self.calls_axes is None and self.rows_axes is not None
+        self.axes = leading_axes(leading_operand, 2)  # (calls' mesh axes, rows' mesh axes)
+        self.mesh = jax.typeof(leading_operand).sharding.mesh
+        self.call_parts = _parts(self.mesh, self.axes[0])
+        self.row_parts = _parts(self.mesh, self.axes[1])
+        # Call-major: each call's rows consecutive, so per-call row groups survive the fold.
+        self.keeps_groups = self.row_parts == 1
 
     def __call__(self, x):
         """[calls, rows, ...] -> [calls * rows, ...], in this batch's row order."""
-        x = laid_out(x, (self.calls_axes, self.rows_axes))
-        if self.rows_major:
-            x = jnp.swapaxes(x, 0, 1)
-        return x.reshape(self.calls * self.rows, *x.shape[2:])
+        x = laid_out(x, self.axes, self.mesh)
+        if self.keeps_groups:
+            return x.reshape(self.calls * self.rows, *x.shape[2:])
+        rest = leading_axes(x, x.ndim)[2:]  # by device first: [nA, nB, calls / nA, rows / nB]
+        x = self._reshape(x, self._by_device(x.shape[2:]), (self.axes[0], None, self.axes[1]), rest)
+        x = jnp.swapaxes(x, 1, 2)
+        merged = (*_names(self.axes[0]), *_names(self.axes[1]))
+        return self._reshape(x, (self.calls * self.rows, *x.shape[4:]), (merged,), rest)
 
     def unfold(self, result):
-        """(result [calls * rows, ...] as [calls, rows, ...] or [rows, calls, ...], its
-        mapped axis)."""
-        if self.rows_major:
-            return result.reshape(self.rows, self.calls, *result.shape[1:]), 1
-        return result.reshape(self.calls, self.rows, *result.shape[1:]), 0
+        """(result [calls * rows, ...] as [calls, rows, ...], its mapped axis: 0)."""
+        if self.keeps_groups:
+            return result.reshape(self.calls, self.rows, *result.shape[1:]), 0
+        rest = leading_axes(result, result.ndim)[1:]
+        by_device = self._by_device(result.shape[1:])
+        by_device = (by_device[0], by_device[2], by_device[1], *by_device[3:])
+        result = self._reshape(result, by_device, self.axes, rest)
+        result = jnp.swapaxes(result, 1, 2)
+        return self._reshape(result, (self.calls, self.rows, *result.shape[4:]), self.axes, rest), 0
+
+    def _by_device(self, rest: tuple) -> tuple:
+        """[nA, calls / nA, nB, rows / nB, *rest]."""
+        return (
+            self.call_parts,
+            self.calls // self.call_parts,
+            self.row_parts,
+            self.rows // self.row_parts,
+            *rest,
+        )
+
+    def _reshape(self, x, shape: tuple, leading: tuple, rest: tuple):
+        """x reshaped, its leading axes split over `leading` and the last over `rest` (JAX
+        needs the layout of a reshape that splits or merges split axes spelled out)."""
+        spec = (*leading, *[None] * (len(shape) - len(leading) - len(rest)), *rest)
+        return jnp.reshape(x, shape, out_sharding=NamedSharding(self.mesh, PartitionSpec(*spec)))

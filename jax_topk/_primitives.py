@@ -36,8 +36,9 @@ PRIMITIVES = {op: _make_primitive(operator.primitive) for op, operator in OPERAT
 
 def _batch(args, dims, *, primitive, params: Params):
     """vmap: the mapped axis becomes more rows (and more num_valid_rows groups). Where the
-    calls fold row-major (`_batch_layout`), num_valid_rows cannot stay per call: each call's
-    rows past it get lengths of 0 instead (the same result, SPEC section 3)."""
+    fold does not keep each call's rows together (`_batch_layout`: Explicit sharding with the
+    rows split), num_valid_rows cannot pass as groups: the rows past a group's limit get
+    lengths of 0 instead (the same result, SPEC section 3)."""
     operands, dims = Operands(*args), Operands(*dims)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
@@ -54,12 +55,15 @@ def _batch(args, dims, *, primitive, params: Params):
         lengths = lead(lengths, dims.lengths)
     num_valid_rows = operands.num_valid_rows
     if params.has_num_valid_rows:
-        num_valid_rows = lead(num_valid_rows, dims.num_valid_rows).reshape(size)
-        if fold.rows_major:
-            limits = jnp.clip(num_valid_rows, 0, rows)[:, None]
-            valid = jnp.arange(rows, dtype=jnp.int32)[None, :] < limits
+        # [size, groups]: a group a call, or several (nested vmap: the inner calls).
+        limits = lead(num_valid_rows, dims.num_valid_rows).reshape(size, -1)
+        num_valid_rows = limits.reshape(-1)
+        if not fold.keeps_groups:
+            group_rows = max(rows // limits.shape[1], 1)
+            row = jnp.arange(rows, dtype=jnp.int32)
+            valid = row % group_rows < limits[:, row // group_rows]  # RowIsValid's rule
             whole = lengths if params.has_lengths else jnp.full((size, rows), n, jnp.int32)
-            lengths = jnp.where(valid, laid_out(whole, (None, None)), 0)
+            lengths = jnp.where(valid, laid_out(whole, (None, None), fold.mesh), 0)
             num_valid_rows = Operands.absent(1)
             params = dataclasses.replace(params, has_lengths=True, has_num_valid_rows=False)
     if params.has_lengths:
@@ -67,7 +71,7 @@ def _batch(args, dims, *, primitive, params: Params):
     page_table, table_rows = operands.page_table, operands.table_rows
     if params.has_page_table and params.has_table_rows:
         if dims.page_table is not None:  # one table per mapped call: stack and offset
-            tables = laid_out(lead(page_table, dims.page_table), (None, None))
+            tables = laid_out(lead(page_table, dims.page_table), (None, None), fold.mesh)
             count = tables.shape[1]
             page_table = tables.reshape(size * count, tables.shape[2])
             local = jnp.clip(lead(table_rows, dims.table_rows), 0, count - 1)

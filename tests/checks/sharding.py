@@ -3,6 +3,7 @@ host devices: row-sharded calls equal
 the unsharded ones and the compiled HLO never all-gathers the scores."""
 
 import os
+import re
 
 # The device count is fixed when JAX starts: set it before jax is imported.
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -28,6 +29,96 @@ def assert_no_gather_of_scores(fn, args, dtype):
         if "all-gather(" in line and f"{dtype}[" in line.split("all-gather(")[0]
     ]
     assert not gathered, "the partitioned call gathered the scores:\n" + "\n".join(gathered)
+
+
+def assert_scores_stay(fn, args, local_scores: int):
+    """No collective in the compiled HLO moves an array of at least one device's share of the
+    scores (`local_scores` elements): only candidates and small operands may move."""
+    moved = []
+    for line in fn.lower(*args).compile().as_text().splitlines():
+        for op in ("all-gather(", "all-to-all(", "collective-permute(", "all-reduce("):
+            if op not in line:
+                continue
+            result = line.split(op)[0].split("=")[-1]
+            dims = re.findall(r"\[([0-9,]*)\]", result)
+            elements = max(
+                (np.prod([int(d) for d in ds.split(",") if d]) for ds in dims), default=0
+            )
+            if elements >= local_scores:
+                moved.append(line.strip()[:200])
+    assert not moved, "the call moved the scores:\n" + "\n".join(moved)
+
+
+def check_vmap_layouts(axis_type, rng) -> int:
+    """vmap over every layout of calls, rows and columns (Explicit sharding folds them by device,
+    moving no scores): topk_filtered with lengths and per-call num_valid_rows (extremes
+    included), top_k without lengths, and vmap of vmap (several num_valid_rows groups a call),
+    with lengths passed unmapped and unsharded, and no mesh set; each equals unsharded calls."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    n, k = 384, 8
+    checks = 0
+    layouts = [  # (calls, rows, the scores' spec)
+        (8, 8, P("data", "model")),  # two calls a calls-shard: a call-major merge would move them
+        (12, 8, P("data", "model")),
+        (6, 4, P("model", "data")),
+        (4, 8, P(None, None, "model")),  # columns split: they stay split
+        (4, 8, P(None, "data", "model")),
+        (8, 4, P(("data", "model"), None)),
+        (2, 16, P(None, ("data", "model"))),
+    ]
+    for calls, rows, spec in layouts:
+        scores = families.make("heavy_ties", rng, (calls, rows, n), "float32")
+        lengths = rng.integers(-3, n + 3, size=(calls, rows)).astype(np.int32)
+        valid = rng.choice([INT32_MIN, -1, 0, 1, rows // 2, rows, INT32_MAX], size=calls)
+        valid = valid.astype(np.int32)
+        placed = jax.device_put(scores, NamedSharding(mesh, spec))
+        row_spec = P(*tuple(spec)[:2])
+        placed_lengths = jax.device_put(lengths, NamedSharding(mesh, row_spec))
+        filtered = jax.jit(
+            jax.vmap(lambda s, lens, v: jax_topk.topk_filtered(s, lens, k=k, num_valid_rows=v))
+        )
+        call_spec = P(tuple(spec)[0]) if len(spec) else P()
+        placed_valid = jax.device_put(valid, NamedSharding(mesh, call_spec))
+        got = filtered(placed, placed_lengths, placed_valid)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(filtered(scores, lengths, valid)))
+        # Lengths unmapped (one row of lengths for every call) and not placed on the mesh.
+        shared = jax.jit(jax.vmap(lambda s, lens: jax_topk.topk_filtered(s, lens, k=k), (0, None)))
+        np.testing.assert_array_equal(
+            np.asarray(shared(placed, lengths[0])), np.asarray(shared(scores, lengths[0]))
+        )
+        values = jax.jit(jax.vmap(lambda s: jax_topk.top_k(s, k)))
+        for got, want in zip(values(placed), values(scores)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        if axis_type == jax.sharding.AxisType.Explicit:
+            local = scores.size // np.prod([mesh.shape[a] for a in jax.tree.leaves(tuple(spec))])
+            assert_scores_stay(filtered, (placed, placed_lengths, placed_valid), local)
+            assert_scores_stay(values, (placed,), local)
+        checks += 3
+        # vmap of vmap: the inner calls' num_valid_rows are groups of each outer call.
+        call_parts = np.prod([mesh.shape[a] for a in jax.tree.leaves(tuple(call_spec))])
+        if calls % (2 * call_parts) == 0:
+            nested = jax.jit(
+                jax.vmap(
+                    jax.vmap(
+                        lambda s, lens, v: jax_topk.topk_filtered(s, lens, k=k, num_valid_rows=v)
+                    )
+                )
+            )
+            inner = (2, calls // 2, rows)
+            args = (
+                scores.reshape(*inner, n),
+                lengths.reshape(inner),
+                valid.reshape(inner[:2]),
+            )
+            want = nested(*args)
+            got = nested(
+                jax.device_put(args[0], NamedSharding(mesh, P(None, *spec))),
+                jax.device_put(args[1], NamedSharding(mesh, P(None, *row_spec))),
+                jax.device_put(args[2], NamedSharding(mesh, P(None, *call_spec))),
+            )
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            checks += 1
+    return checks
 
 
 def check_vmap_with_values(axis_type, rng) -> int:
@@ -170,6 +261,7 @@ def main():
                 )
                 checks += 1
         checks += check_vmap_with_values(axis_type, rng)
+        checks += check_vmap_layouts(axis_type, rng)
     print(f"sharding: {checks} sharded calls equal the unsharded ones, no all-gather of scores")
 
 
