@@ -8,7 +8,8 @@
 //    by 8-bit digits of the keys from the top, each counted in the warp's own 256 shared bins (a
 //    digit whose bin the rank takes whole ends it), so the winners are the keys above it and the
 //    lowest columns of its copies: exactly k.
-// 3. Keys >= T (or the winners) go in column order (one warp scan) to the warp's shared buffer.
+// 3. Keys >= T (or the winners) go in column order (one scan over the row's lanes) to the row's
+//    shared buffer.
 //    At most 64 (nearly always at k <= 16; always by digits): lane i counts the candidates ahead
 //    of its one or two (one compare of (key, inverted column) each, 32-bit for 16-bit keys,
 //    broadcast reads, no cross-lane dependency): that is its rank. More: min(k, count) rounds of
@@ -317,12 +318,12 @@ struct RowOutput {
 };
 
 // Step 3 when the candidates fit kSlots a lane (one nearly always at k <= 16; two for the
-// winners of step 2 by digits): candidate s * 32 + lane's rank is the number of candidates ahead
-// of it (higher key, or equal key and lower column), counted over broadcast reads of the buffer
-// that depend on no other lane: ~6 instructions a candidate, where SelectAndWrite's rounds take
-// two dependent reductions a winner. A 16-bit key and an inverted column fit one 32-bit compare.
-// Unsorted output of no more candidates than k needs no rank (all are taken, in buffer order).
-// k <= 32 * kOutputRounds.
+// winners of step 2 by digits): candidate s * kLanes + lane's rank is the number of candidates
+// ahead of it (higher key, or equal key and lower column), counted over broadcast reads of the
+// buffer that depend on no other lane: ~6 instructions a candidate, where SelectAndWrite's rounds
+// take two dependent reductions a winner. A 16-bit key and an inverted column fit one 32-bit
+// compare. Unsorted output of no more candidates than k needs no rank (all are taken, in buffer
+// order). k <= kLanes * kOutputRounds.
 template <typename Rules, int kSlots, int kOutputRounds, int kLanes>
 __device__ __forceinline__ void RankAndWrite(const uint2* candidates_buffer, int candidates,
                                              const TopkProblem& problem, int64_t row,
@@ -434,7 +435,7 @@ __device__ __forceinline__ void SelectAndWrite(const uint2* candidates_buffer, i
   if (lane >= winners && lane < k) output.Empty(lane);  // k <= kLanes (the rounds' limits)
 }
 
-// Steps 2-3's compaction, by all lanes: the keys flagged in `bits` go to the warp's buffer as
+// Steps 2-3's compaction, by all lanes: the keys flagged in `bits` go to the row's buffer as
 // (key, inverted column) in column order (lane order, then slice order); returns how many.
 template <int kElems, int kLanes>
 __device__ __forceinline__ int CompactInColumnOrder(uint32_t bits, const uint32_t (&keys)[kElems],
