@@ -21,6 +21,12 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 
+def mapped_first(x, dim, size: int):
+    """x with vmap's mapped axis `dim` first; an unmapped operand (dim None) broadcast to
+    `size` calls."""
+    return jnp.broadcast_to(x, (size, *x.shape)) if dim is None else jnp.moveaxis(x, dim, 0)
+
+
 def leading_axes(x, count: int) -> tuple:
     """The mesh axes x's first `count` axes are split over in its type (None: whole)."""
     spec = tuple(jax.typeof(x).sharding.spec)

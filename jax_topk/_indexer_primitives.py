@@ -15,11 +15,11 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
 from . import _compat, _fallback
+from ._batch_layout import mapped_first
 from ._indexer_contract import LOGITS, TOPK, IndexerOperands, IndexerParams
 from ._indexer_lowering import indexer_call_p, native_operands
 from ._indexer_sharding import partitioned_call
@@ -59,7 +59,7 @@ def _batch(args, dims, *, primitive, params: IndexerParams):
     def fold(x, d, present):
         if not present:
             return x
-        x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        x = mapped_first(x, d, size)
         return x.reshape(size * x.shape[1], *x.shape[2:])
 
     batched = [fold(x, d, p) for x, d, p in zip(args, dims, _present(params))]

@@ -23,7 +23,7 @@ from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _checks, _compat, _fallback, _jax_topk_cpu
-from ._batch_layout import Fold
+from ._batch_layout import Fold, mapped_first
 from ._compat import rows_like
 from ._contract import FAST_DTYPES, MAX_K
 from ._lowering import uses_fallback
@@ -45,10 +45,7 @@ def _batch(args, dims, **params):
     """vmap: the mapped axis becomes more rows (folded as `_batch_layout` says)."""
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
-    def lead(x, d):
-        return jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-
-    values, indices = (lead(x, d) for x, d in zip(args, dims))
+    values, indices = (mapped_first(x, d, size) for x, d in zip(args, dims))
     fold = Fold(values)
     results = merge_p.bind(fold(values), fold(indices), **params)
     results, dims_out = zip(*map(fold.unfold, results))

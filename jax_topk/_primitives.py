@@ -18,7 +18,7 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
 from . import _compat
-from ._batch_layout import Fold, laid_out
+from ._batch_layout import Fold, laid_out, mapped_first
 from ._checks import shape_rule
 from ._contract import OPERATORS, Operands, Params
 from ._lowering import ffi_call_p
@@ -42,10 +42,8 @@ def _batch(args, dims, *, primitive, params: Params):
     operands, dims = Operands(*args), Operands(*dims)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
-    def lead(x, d):  # mapped axis first; unmapped operands broadcast
-        if d is None:
-            return jnp.broadcast_to(x, (size, *x.shape))
-        return jnp.moveaxis(x, d, 0)
+    def lead(x, d):
+        return mapped_first(x, d, size)
 
     scores = lead(operands.scores, dims.scores)
     fold = Fold(scores)

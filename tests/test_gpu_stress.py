@@ -146,6 +146,18 @@ def test_filtered_short_16bit_rows(rows, n, dtype, route, monkeypatch):
         assert_same_on_both("topk_filtered", scores, lengths, k=300, page_table=table, page_size=64)
 
 
+def short_rows_of_every_family(rng, rows, n, dtype):
+    """`rows` rows of n of every value family, shuffled; row 1 one repeated key (the whole row
+    ties) and row 2 +0 and -0 only."""
+    names = sorted(families.FAMILIES)
+    scores = np.concatenate(
+        [families.make(name, rng, (rows // len(names) + 1, n), dtype) for name in names]
+    )[rng.permutation(rows)]
+    scores[1] = np.array(0.25, dtype)
+    scores[2] = np.where(rng.random(n) < 0.5, 0.0, -0.0).astype(dtype)
+    return scores
+
+
 @pytest.mark.parametrize("mode", ["default", "digits"])
 @pytest.mark.parametrize("dtype", ("float32",) + SIXTEEN_BIT)
 @pytest.mark.parametrize("n", [1, 7, 33, 256, 257, 513, 1000, 1024])
@@ -161,16 +173,11 @@ def test_small_rows_by_digits(n, dtype, mode, monkeypatch):
     rng = np.random.default_rng(n * 3 + len(dtype) + len(mode))
     rows = 1024
     assert _top_k.route(np.dtype(dtype), n, min(64, n), rows) is _top_k.Route.SMALL_ROWS
-    names = sorted(families.FAMILIES)
-    scores = np.concatenate(
-        [families.make(name, rng, (rows // len(names) + 1, n), dtype) for name in names]
-    )[rng.permutation(rows)]
+    scores = short_rows_of_every_family(rng, rows, n, dtype)
     bits = np.dtype(f"u{np.dtype(dtype).itemsize}")
     # Keys one digit apart from the top: a block of values differing only in the lowest bits.
     base = np.array(1.5, dtype).view(bits)
     scores[0] = (base + rng.integers(0, 4, size=n).astype(bits)).view(dtype)
-    scores[1] = np.array(0.25, dtype)  # one key: the whole row ties
-    scores[2] = np.where(rng.random(n) < 0.5, 0.0, -0.0).astype(dtype)
     ks = (1, 8, 32, 33, 50, 64) if mode == "digits" else (28, 33, 50, 63, 64)
     for k in sorted({min(k, n) for k in ks}):  # k = n where the row is shorter
         lengths = families.edge_lengths(k, n, rows, rng)
@@ -192,12 +199,7 @@ def test_small_rows_two_a_warp(n, dtype, mode, monkeypatch):
     rng = np.random.default_rng(n * 5 + len(dtype) + len(mode))
     rows = 1021
     assert _top_k.route(np.dtype(dtype), n, min(16, n), rows) is _top_k.Route.SMALL_ROWS
-    names = sorted(families.FAMILIES)
-    scores = np.concatenate(
-        [families.make(name, rng, (rows // len(names) + 1, n), dtype) for name in names]
-    )[rng.permutation(rows)]
-    scores[1] = np.array(0.25, dtype)  # one key: the whole row ties
-    scores[2] = np.where(rng.random(n) < 0.5, 0.0, -0.0).astype(dtype)
+    scores = short_rows_of_every_family(rng, rows, n, dtype)
     for k in sorted({min(k, n) for k in (1, 2, 8, 9, 16)}):
         for sorted_ in (True, False):
             assert_top_k_same_bits(scores, k, None, sorted_, err_msg=f"k={k}")
