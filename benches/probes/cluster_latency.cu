@@ -137,8 +137,8 @@ int main() {
   for (int trial = 0; trial < 3; ++trial) {
     int dummy = 0;
     void* arguments[] = {&dummy};
-    cudaError_t error = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&Latency),
-                                            arguments);
+    cudaError_t error =
+        cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&Latency), arguments);
     if (error == cudaSuccess) error = cudaDeviceSynchronize();
     if (error != cudaSuccess) {
       std::printf("error: %s\n", cudaGetErrorString(error));
@@ -150,8 +150,8 @@ int main() {
         "ring hop %.0f ns | exchange (warp 0 waits, others run ahead) %.0f ns | exchange with "
         "two __syncthreads %.0f ns | remote ld %.0f ns | __syncthreads %.1f ns | cluster.sync "
         "%.0f ns\n",
-        ns[0] / double(kRounds * kParts), ns[1] / double(kExchangeRounds), ns[2] / double(kExchangeRounds),
-        ns[3] / 256.0, ns[4] / 256.0, ns[5] / 64.0);
+        ns[0] / double(kRounds * kParts), ns[1] / double(kExchangeRounds),
+        ns[2] / double(kExchangeRounds), ns[3] / 256.0, ns[4] / 256.0, ns[5] / 64.0);
   }
   return 0;
 }

@@ -21,13 +21,13 @@
 
 namespace {
 
-#define CHECK(call)                                                                  \
-  do {                                                                               \
-    const cudaError_t error = (call);                                                \
-    if (error != cudaSuccess) {                                                      \
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    const cudaError_t error = (call);                                                    \
+    if (error != cudaSuccess) {                                                          \
       std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(error)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
+      std::exit(1);                                                                      \
+    }                                                                                    \
   } while (0)
 
 __global__ void EmptyKernel(int* sink) {
@@ -159,8 +159,8 @@ int main(int argc, char** argv) {
   for (const Shape& shape : shapes) {
     {
       std::vector<int32_t> full(4, shape.width);
-      CHECK(cudaMemcpy(lengths, full.data(), full.size() * sizeof(int32_t),
-                       cudaMemcpyHostToDevice));
+      CHECK(
+          cudaMemcpy(lengths, full.data(), full.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     }
     if (ncu) {
       for (int set = 0; set < 3; ++set) {
@@ -181,13 +181,14 @@ int main(int argc, char** argv) {
     // The kernel's stamp slots in the order they are taken, and their names.
     constexpr int kPlaces = 16;
     constexpr int kOrder[kPlaces] = {0, 1, 2, 3, 4, 14, 5, 6, 7, 15, 8, 9, 10, 11, 12, 13};
-    const char* kNames[kPlaces] = {"skew", "zero+issue", "h0",   "sup0", "bin0", "gather0",
-                                   "h1",   "sup1",       "bin1", "gather1", "h2", "sup2",
+    const char* kNames[kPlaces] = {"skew", "zero+issue", "h0",    "sup0",    "bin0", "gather0",
+                                   "h1",   "sup1",       "bin1",  "gather1", "h2",   "sup2",
                                    "bin2", "take",       "store", "exit"};
     std::vector<std::vector<double>> phase(kPlaces);
     // Each warp's own loops (WarpStamp), from the block stamp before them: median over warps.
     constexpr int kLoops = 6;
-    const char* kLoopNames[kLoops] = {"keys", "landed", "h0loop", "h1loop", "gatherloop", "storeloop"};
+    const char* kLoopNames[kLoops] = {"keys",   "landed",     "h0loop",
+                                      "h1loop", "gatherloop", "storeloop"};
     std::vector<std::vector<double>> loop(kLoops);
     static unsigned long long warp_stamps[1024][jax_topk::kThreads / 32][jax_topk::kWarpStampSlots];
     double span_max = 0;
@@ -220,9 +221,8 @@ int main(int argc, char** argv) {
         for (int w = 0; w < jax_topk::kThreads / 32; ++w) {
           for (int l = 0; l < kLoops; ++l) {
             const unsigned long long now = warp_stamps[b][w][from[l][0]];
-            const unsigned long long start = from[l][1] < 0
-                                                 ? warp_stamps[b][w][jax_topk::kKeysMade]
-                                                 : stamps[b][from[l][1]];
+            const unsigned long long start =
+                from[l][1] < 0 ? warp_stamps[b][w][jax_topk::kKeysMade] : stamps[b][from[l][1]];
             if (now != 0 && start != 0 && now >= start) {
               loop[l].push_back(static_cast<double>(now - start));
             }
@@ -267,8 +267,8 @@ int main(int argc, char** argv) {
     CHECK(cudaFuncSetAttribute(EmptyClusterSync, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                shared_bytes));
     CHECK(cudaFuncSetAttribute(EmptyKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    CHECK(cudaFuncSetAttribute(EmptyClusterSync,
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CHECK(
+        cudaFuncSetAttribute(EmptyClusterSync, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     for (int parts : {1, 8, 16}) {
       for (int rows : {1, 4}) {
         for (int sync = 0; sync < 2; ++sync) {
@@ -289,9 +289,8 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const float one_block = GraphUs(stream, 64, [&](int) {
-      EmptyKernel<<<1, 32, 0, stream>>>(nullptr);
-    });
+    const float one_block =
+        GraphUs(stream, 64, [&](int) { EmptyKernel<<<1, 32, 0, stream>>>(nullptr); });
     std::printf("empty 1 block of 32 threads: %.2f us/launch\n", one_block);
   }
   CHECK(cudaDeviceSynchronize());

@@ -412,9 +412,8 @@ double Time(int64_t m, int64_t n, bool causal, FILE* log, bool fp8 = false, bool
                 "%-4s %5lld x %-7lld %-6s median %8.1f us (min %8.1f)  %6.1f TFLOP/s (%4.1f%% of "
                 "%.0f)  compute floor %8.1f us  key-read floor %5.1f us  write %6.1f us  sets %d\n",
                 fp8 ? (copies ? "fp8w" : "fp8") : "bf16", (long long)m, (long long)n,
-                causal ? "causal" : "", median_us,
-                times[0], tflops, 100 * tflops / (peak / 1e12), peak / 1e12, compute_floor_us,
-                read_floor_us, write_floor_us, sets);
+                causal ? "causal" : "", median_us, times[0], tflops, 100 * tflops / (peak / 1e12),
+                peak / 1e12, compute_floor_us, read_floor_us, write_floor_us, sets);
   std::fputs(line, stdout);
   if (log) std::fputs(line, log);
   for (auto& dev : devs) {

@@ -519,9 +519,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
   const int lane = thread % 32;
   const int copy_row = thread / kChunksPerRow;
   const int copy_chunk = thread % kChunksPerRow;
-  const uint32_t copy_offset = Input::kConvert
-                                   ? thread * kChunkBytes
-                                   : SwizzledOffset(copy_row, copy_chunk, kKeysPerTile);
+  const uint32_t copy_offset =
+      Input::kConvert ? thread * kChunkBytes : SwizzledOffset(copy_row, copy_chunk, kKeysPerTile);
   unsigned char* my_stages = shared + Shape::kKeysOffset + warpgroup * Shape::kWarpgroupKeyBytes;
   unsigned char* my_operand = my_stages + kStages * kStageBytes;  // converting inputs only
   // The sink's own shared memory, after the kernel's: a part for each warpgroup.
@@ -654,10 +653,10 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
 #pragma unroll
         for (int c = 0; c < kCopiesPerThread; ++c) {
           const bool inside = c * kRowsPerCopy < rows_left;
-          CopyChunkAsync(stage + copy_offset + c * kCopyStride,
-                         inside ? static_cast<const void*>(src + c * kRowsPerCopy * kHeadDim)
-                                : args.keys,
-                         inside ? 16 : 0);
+          CopyChunkAsync(
+              stage + copy_offset + c * kCopyStride,
+              inside ? static_cast<const void*>(src + c * kRowsPerCopy * kHeadDim) : args.keys,
+              inside ? 16 : 0);
         }
       }
     };
@@ -714,8 +713,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
           const int key = first_key_of(index) + row0 + 8 * r;
           tile_scales[r] = key < args.keys_count ? sequence_scales[key] : 0.0f;
           // False for NaN too; -0 counts as 0.
-          const bool after_sum = kMayScaleAfterSum && tile_scales[r] >= 0.0f &&
-                                 tile_scales[r] <= kLargestFloat;
+          const bool after_sum =
+              kMayScaleAfterSum && tile_scales[r] >= 0.0f && tile_scales[r] <= kLargestFloat;
           scaled_keys |= after_sum ? 0u : 1u << r;
         }
       }
@@ -824,8 +823,8 @@ __global__ void __launch_bounds__(kThreads, 1) IndexerLogitsWgmmaKernel(const In
 
 // fp8 q and keys to their f16 copies (common/indexer_widened.h): 16 codes a thread a step.
 // Empty where the tensor-core kernel is (launched only where Supports() says yes).
-__global__ void __launch_bounds__(256) WidenFp8Kernel(const uint4* codes, uint4* halves,
-                                                      int64_t chunks) {
+__global__ void __launch_bounds__(256)
+    WidenFp8Kernel(const uint4* codes, uint4* halves, int64_t chunks) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < chunks;
        i += int64_t{gridDim.x} * blockDim.x) {

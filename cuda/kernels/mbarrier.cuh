@@ -38,10 +38,10 @@ __device__ __forceinline__ void FenceMbarrierInit() {
 // One arrival on `barrier`, whose current phase then also waits for `bytes` bytes.
 __device__ __forceinline__ void MbarrierExpectBytes(uint64_t* barrier, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   SharedAddress(barrier)),
-               "r"(bytes)
-               : "memory");
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(barrier)),
+      "r"(bytes)
+      : "memory");
 #endif
 }
 

@@ -26,8 +26,10 @@ __device__ __forceinline__ T SelectStep(T (&level)[kSlots], int i) {
     const bool odd = (i >> kBit) & 1;
 #pragma unroll
     for (int j = 0; 2 * j < kCount; ++j) {
-      if (2 * j + 1 < kCount) level[j] = odd ? level[2 * j + 1] : level[2 * j];
-      else level[j] = level[2 * j];
+      if (2 * j + 1 < kCount)
+        level[j] = odd ? level[2 * j + 1] : level[2 * j];
+      else
+        level[j] = level[2 * j];
     }
     return SelectStep<(kCount + 1) / 2, kBit + 1>(level, i);
   }

@@ -543,8 +543,8 @@ __device__ __forceinline__ void RankByKeyCounts(Shared& shared, uint32_t key_max
   if (lane == 31) shared.warp_counts[warp] = inclusive;
   __syncthreads();
   const int lower_warp_count = lane < warp ? shared.warp_counts[lane] : 0;
-  int next_slot = static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) + inclusive -
-                  owned;
+  int next_slot =
+      static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) + inclusive - owned;
   if (thread < span_words) {  // each count becomes its first slot: bin 2t warp by warp, then 2t + 1
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

@@ -67,14 +67,14 @@ static_assert(kSuperBins == 64, "warp 0 reads two super-bins a lane");
 // fields (which count the blocks before this one). The first exchange fills super, valid and
 // the running above counts; the second the bin and the final counts.
 struct DigitFound {
-  uint32_t super;          // the super-bin of the rank-th key
-  uint32_t bin;            // the digit of the rank-th key
-  uint32_t above;          // the cluster's matching keys in higher bins
-  uint32_t above_before;   // of which in the blocks before this one
-  uint32_t in_bin_before;  // the blocks before this one: their matching keys in the bin
-  uint32_t in_bin;         // the cluster's matching keys in the bin
-  uint32_t valid;          // the first digit: the row's real keys
-  uint32_t valid_before;   // of which in the blocks before this one
+  uint32_t super;            // the super-bin of the rank-th key
+  uint32_t bin;              // the digit of the rank-th key
+  uint32_t above;            // the cluster's matching keys in higher bins
+  uint32_t above_before;     // of which in the blocks before this one
+  uint32_t in_bin_before;    // the blocks before this one: their matching keys in the bin
+  uint32_t in_bin;           // the cluster's matching keys in the bin
+  uint32_t valid;            // the first digit: the row's real keys
+  uint32_t valid_before;     // of which in the blocks before this one
   uint32_t in_super;         // the first exchange: the cluster's matching keys in the super-bin
   uint32_t in_super_before;  // of which in the blocks before this one
 };
@@ -201,7 +201,8 @@ __device__ __forceinline__ void SumSuperBins(ClusterShared& s, int digit) {
   const uint4 four = reinterpret_cast<const uint4*>(s.hist[digit])[threadIdx.x];
   uint32_t count = four.x + four.y + four.z + four.w;
 #pragma unroll
-  for (int offset = 4; offset > 0; offset /= 2) count += __shfl_xor_sync(0xFFFFFFFFu, count, offset);
+  for (int offset = 4; offset > 0; offset /= 2)
+    count += __shfl_xor_sync(0xFFFFFFFFu, count, offset);
   if (threadIdx.x % 8 == 0) s.super_bins[digit][threadIdx.x / 8] = count;
 }
 
@@ -273,9 +274,9 @@ __device__ __forceinline__ void ChooseSuperBin(ClusterShared& s, int digit, int 
   const int holder = __ffs(holders) - 1;
   const bool in_high = rank <= __shfl_sync(full, pair_above + high_count, holder);
   const uint32_t above = __shfl_sync(full, in_high ? pair_above : pair_above + high_count, holder);
-  const uint32_t above_before = __reduce_add_sync(
-      full, lane < holder ? high_before + low_before
-                          : (lane == holder && !in_high ? high_before : 0u));
+  const uint32_t above_before =
+      __reduce_add_sync(full, lane < holder ? high_before + low_before
+                                            : (lane == holder && !in_high ? high_before : 0u));
   const uint32_t in_super = __shfl_sync(full, in_high ? high_count : low_count, holder);
   const uint32_t in_super_before = __shfl_sync(full, in_high ? high_before : low_before, holder);
   if (lane == 0) {
@@ -600,13 +601,12 @@ struct Instances {
 template <ScoreType kType>
 Instances InstancesOf() {
   if constexpr (kType == ScoreType::kFloat32) {
-    return {{4, 8, 16, 24, 32},
-            {{KernelFor<kType, 4, false>(), KernelFor<kType, 8, false>(),
-              KernelFor<kType, 16, false>(), KernelFor<kType, 24, false>(),
-              KernelFor<kType, 32, false>()},
-             {KernelFor<kType, 4, true>(), KernelFor<kType, 8, true>(),
-              KernelFor<kType, 16, true>(), KernelFor<kType, 24, true>(),
-              KernelFor<kType, 32, true>()}}};
+    return {
+        {4, 8, 16, 24, 32},
+        {{KernelFor<kType, 4, false>(), KernelFor<kType, 8, false>(), KernelFor<kType, 16, false>(),
+          KernelFor<kType, 24, false>(), KernelFor<kType, 32, false>()},
+         {KernelFor<kType, 4, true>(), KernelFor<kType, 8, true>(), KernelFor<kType, 16, true>(),
+          KernelFor<kType, 24, true>(), KernelFor<kType, 32, true>()}}};
   } else {
     return {{8, 16, 24, 0, 0},
             {{KernelFor<kType, 8, false>(), KernelFor<kType, 16, false>(),
@@ -635,8 +635,8 @@ int64_t MaxWidthFor(ScoreType type, int parts) {
 // A block's shared memory, padded past half an SM's (228 KB) so that a cluster's blocks are
 // always on distinct SMs (each then has an SM's load bandwidth): the narrower kernels use 40-64
 // registers a thread, which would let two or three blocks share an SM.
-constexpr int kSharedBytes = static_cast<int>(
-    sizeof(ClusterShared) > 116 * 1024 ? sizeof(ClusterShared) : 116 * 1024);
+constexpr int kSharedBytes =
+    static_cast<int>(sizeof(ClusterShared) > 116 * 1024 ? sizeof(ClusterShared) : 116 * 1024);
 
 cudaLaunchConfig_t ClusterConfig(int64_t grid, int parts, int shared_bytes, cudaStream_t stream,
                                  cudaLaunchAttribute& attribute) {
@@ -676,8 +676,7 @@ DevicePlan ComputePlan(int device) {
   bool non_portable = true;
   for (int i = 0; i < kernel_count; ++i) {
     cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-    non_portable &= cudaFuncSetAttribute(kernels[i],
-                                         cudaFuncAttributeNonPortableClusterSizeAllowed,
+    non_portable &= cudaFuncSetAttribute(kernels[i], cudaFuncAttributeNonPortableClusterSizeAllowed,
                                          1) == cudaSuccess;
   }
   cudaGetLastError();  // a refused attribute is not sticky: clear it

@@ -56,7 +56,7 @@ struct Shared {
     typename WinnerSort<kThreads>::TempStorage sort;
   };
   uint32_t warp_sums[kWarps];
-  int gathered;    // keys appended to select.keys
+  int gathered;        // keys appended to select.keys
   uint32_t bin;        // the bin search's answer: the bin holding the rank
   uint32_t above;      // the keys in the bins above it
   uint32_t bin_count;  // and in it
@@ -290,7 +290,9 @@ bool ManyRowsShape(const TopkProblem& problem) {
 
 }  // namespace
 
-bool TopkF32RowsForced() { return ModeIs("always") || ModeIs("wide") || ModeIs("many"); }
+bool TopkF32RowsForced() {
+  return ModeIs("always") || ModeIs("wide") || ModeIs("many");
+}
 
 bool TopkF32RowsServes(const TopkProblem& problem) {
   // A block a row: more than INT_MAX rows stay with the filtered queue, which counts them in 64

@@ -210,9 +210,8 @@ template <int kElems, class Visit>
 __device__ __forceinline__ void ForEachTaken(const RowKeys<kElems>& row, TakenKeys taken,
                                              const Visit& visit) {
   if constexpr (kElems >= kBitLoopMinSlots) {
-    ForEachSetKey(row, taken.take, [&](int i, uint32_t key) {
-      visit(taken.position++, row.first_column + i, key);
-    });
+    ForEachSetKey(row, taken.take,
+                  [&](int i, uint32_t key) { visit(taken.position++, row.first_column + i, key); });
   } else {  // under kBitLoopMinSlots: the loop as it was, for the SASS it had (set_bits.cuh)
 #pragma unroll
     for (int i = 0; i < kElems; ++i) {

@@ -104,7 +104,7 @@ cudaError_t LaunchRowsOf(const TopkProblem& problem, void* workspace, size_t wor
   // Measured (benches/NOTES.md "the queue pass's reads"): staged tiles speed a long queue's
   // passes 1-3.5 %; with a block a row and more rows than SMs, every block streams at once and
   // dropping the pass's L2 prefetches gains 5-8 % ([256, 152064]).
-  launch.queue_reads = plan.grid < problem.rows        ? PassReads::kStaged
+  launch.queue_reads = plan.grid < problem.rows         ? PassReads::kStaged
                        : problem.rows > SmCount(device) ? PassReads::kPlain
                                                         : PassReads::kPrefetched;
   launch.slices = reinterpret_cast<uint2*>(base + kFilteredHeaderBytes);

@@ -624,8 +624,8 @@ __device__ __forceinline__ RankValue FindCandidateRankValue(SharedStorage& s,
   const bool marks = to == WinnersTo::kBitmap && s.job.length <= kGatherBitmapColumns &&
                      !ProbeOn(s, kProbeOldMarks);
   const bool by_block = crowded && RelativeBins::SettlesInBlock(first.a, edges);
-  const bool gather_first = by_block && (gathers || marks) && key_step_bits > 0 &&
-                            relative_bin.shift <= key_step_bits;
+  const bool gather_first =
+      by_block && (gathers || marks) && key_step_bits > 0 && relative_bin.shift <= key_step_bits;
   if (!RelativeBins::Settles(first.a, edges) && (!by_block || gather_first)) {
     uint32_t key = 0;
     const bool may_settle = crowded && RelativeBins::MaySettle(first.a, edges);
