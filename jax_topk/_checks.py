@@ -208,6 +208,12 @@ def shape_rule(*avals, params: Params):
     operands = Operands(*avals)
     scores, lengths, num_valid_rows = operands.scores, operands.lengths, operands.num_valid_rows
     rows = scores.shape[0]
+    max_rows = OPERATORS[params.op].max_rows
+    if max_rows is not None and rows > max_rows:
+        raise ValueError(
+            f"{params.op}: {rows} rows (every leading axis, vmapped calls included) exceed its "
+            f"limit of {max_rows}; split the call"
+        )
     lengths_shape = (rows,) if params.has_lengths else (0,)
     if scores.ndim != 2 or lengths.shape != lengths_shape or lengths.dtype != np.int32:
         raise ValueError(

@@ -44,6 +44,7 @@ class Operator:
     max_k: int
     needs_workspace: bool  # the CUDA handler takes a device workspace as an extra result
     public: bool = True  # jax_topk.<name> exists (else only top_k reaches it)
+    max_rows: int | None = None  # the most rows in one call (vmapped calls included)
 
 
 OPERATORS = {
@@ -58,6 +59,7 @@ OPERATORS = {
             max_width=MAX_BF16_WIDTH,
             max_k=MAX_K,
             needs_workspace=False,
+            max_rows=2**31 - 1,  # the CUDA kernel's thread block a row: the grid's x extent
         ),
         Operator(  # top_k's short rows (MoE routing); no public function of its own
             name="small_rows",

@@ -30,6 +30,7 @@ from ._contract import (
     FAST_DTYPES,
     MAX_BF16_WIDTH,
     MAX_K,
+    OPERATORS,
     SMALL_ROWS_MAX_K,
     SMALL_ROWS_MAX_K_BY_ROUNDS,
     SMALL_ROWS_MAX_WIDTH,
@@ -103,7 +104,7 @@ def route(dtype, n: int, k: int, rows: int = 1) -> Route:
         return Route.ROUNDS if rounds(k) <= max_rounds(rows, n) else Route.SORT
     if small_rows_take(dtype, n, k, rows):
         return Route.SMALL_ROWS
-    if dtype.itemsize == 2 and n <= MAX_BF16_WIDTH:
+    if dtype.itemsize == 2 and n <= MAX_BF16_WIDTH and rows <= OPERATORS["topk_bf16"].max_rows:
         return Route.REGISTER_ROWS
     return Route.FILTERED
 

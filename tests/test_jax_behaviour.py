@@ -179,3 +179,26 @@ def test_width_limits():
         jax.eval_shape(lambda s: jax_topk.topk_filtered(s, jnp.zeros(1, jnp.int32)), too_wide)
     with pytest.raises(ValueError, match="n=0"):
         jax_topk.topk_filtered(jnp.zeros((1, 0), jnp.float32), jnp.zeros(1, jnp.int32))
+
+
+def test_row_limit_of_topk_bf16():
+    """topk_bf16 runs a thread block a row: more rows than the grid holds fail at trace time
+    (vmapped calls counted), not at run time; top_k sends such rows elsewhere."""
+
+    def call(scores, lengths):
+        return jax_topk.topk_bf16(scores, lengths, k=1)
+
+    rows = jax.ShapeDtypeStruct((2**31, 8), jnp.bfloat16)
+    lengths = jax.ShapeDtypeStruct((2**31,), jnp.int32)
+    with pytest.raises(ValueError, match="topk_bf16: 2147483648 rows.*2147483647"):
+        jax.eval_shape(call, rows, lengths)
+    batched = jax.ShapeDtypeStruct((2, 2**30, 8), jnp.bfloat16)
+    batched_lengths = jax.ShapeDtypeStruct((2, 2**30), jnp.int32)
+    with pytest.raises(ValueError, match="2147483648 rows"):
+        jax.eval_shape(jax.vmap(call), batched, batched_lengths)
+    most = jax.ShapeDtypeStruct((2**31 - 1, 8), jnp.bfloat16)
+    most_lengths = jax.ShapeDtypeStruct((2**31 - 1,), jnp.int32)
+    assert jax.eval_shape(call, most, most_lengths).shape == (2**31 - 1, 1)
+    long_rows = jax.ShapeDtypeStruct((2**31, 2048), jnp.bfloat16)
+    values, indices = jax.eval_shape(lambda x: jax_topk.top_k(x, 100), long_rows)
+    assert values.shape == indices.shape == (2**31, 100)

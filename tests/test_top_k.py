@@ -244,6 +244,9 @@ def test_route_of_short_rows():
     assert route(bf16, 512, 40, rows=128) is Route.SMALL_ROWS
     assert route(bf16, 1025, 8, rows=65536) is Route.REGISTER_ROWS
     assert route(f32, 1024, 65, rows=65536) is Route.FILTERED
+    # topk_bf16's block a row stops at 2^31 - 1 rows; more go to the filtered kernel.
+    assert route(bf16, 2048, 100, rows=2**31 - 1) is Route.REGISTER_ROWS
+    assert route(bf16, 2048, 100, rows=2**31) is Route.FILTERED
 
 
 def test_route_past_2048():
@@ -498,6 +501,22 @@ def test_no_lengths_array_without_lengths():
     assert len(calls) == 1 and "has_lengths = true" in calls[0] and "tensor<64xi32>" in calls[0]
 
 
+def raw_small_rows_call(x, lengths, has_lengths, indices_shape, values_shape=None):
+    """top_k's small-rows custom call bound by hand (k = 8, values asked for), bypassing the
+    shape rule: the handlers' own checks are what it meets."""
+    results = (
+        jax.ShapeDtypeStruct(indices_shape, jnp.int32),
+        jax.ShapeDtypeStruct(values_shape or indices_shape, x.dtype),
+    )
+    absent_1d, absent_2d = jnp.zeros((0,), jnp.int32), jnp.zeros((0, 0), jnp.int32)
+    return jax.ffi.ffi_call("jax_topk_small_rows", results)(
+        x, lengths, absent_2d, absent_1d, absent_1d,
+        k=np.int32(8), log2_page_size=np.int32(0), sorted=True, has_page_table=False,
+        has_table_rows=False, has_num_valid_rows=False, with_values=True,
+        has_lengths=has_lengths,
+    )  # fmt: skip
+
+
 def test_handler_checks_lengths_only_when_given():
     """The handlers re-check what the shape rule checks, for a caller that bypasses it: with
     has_lengths true, lengths of another size than the rows (empty included) are an error;
@@ -506,14 +525,7 @@ def test_handler_checks_lengths_only_when_given():
     x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 64)), jnp.float32)
 
     def call(lengths, has_lengths):
-        results = (jax.ShapeDtypeStruct((4, 8), jnp.int32), jax.ShapeDtypeStruct((4, 8), x.dtype))
-        absent_1d, absent_2d = jnp.zeros((0,), jnp.int32), jnp.zeros((0, 0), jnp.int32)
-        return jax.ffi.ffi_call("jax_topk_small_rows", results)(
-            x, lengths, absent_2d, absent_1d, absent_1d,
-            k=np.int32(8), log2_page_size=np.int32(0), sorted=True, has_page_table=False,
-            has_table_rows=False, has_num_valid_rows=False, with_values=True,
-            has_lengths=has_lengths,
-        )  # fmt: skip
+        return raw_small_rows_call(x, lengths, has_lengths, indices_shape=(4, 8))
 
     cpu = jax.devices("cpu")[0]
     with jax.default_device(cpu):
@@ -525,6 +537,21 @@ def test_handler_checks_lengths_only_when_given():
             indices, values = call(jnp.zeros((size,), jnp.int32), False)
             np.testing.assert_array_equal(np.asarray(indices), np.asarray(want_indices))
             assert_same_bits(np.asarray(values), np.asarray(want_values))
+
+
+def test_handler_checks_the_indices_result():
+    """A raw custom call whose indices result is not [rows, k] is refused by the handler
+    (it would write past the result), as a wrong values result is; on the CPU."""
+    x = jnp.zeros((4, 64), jnp.float32)
+    no_lengths = jnp.zeros((0,), jnp.int32)
+    for indices_shape, values_shape, message in (
+        ((4, 7), (4, 8), r"indices result must be \[4, 8\]"),
+        ((4, 8), (4, 7), r"values must be \[4, 8\]"),
+    ):
+        with jax.default_device(jax.devices("cpu")[0]), pytest.raises(Exception, match=message):
+            jax.block_until_ready(
+                raw_small_rows_call(x, no_lengths, False, indices_shape, values_shape)
+            )
 
 
 def test_trace_time_errors():

@@ -145,7 +145,8 @@ inline ffi::Error CheckTopkSizes(const TopkTarget& target, const TopkProblem& p,
   if (lengths_size >= 0 && p.rows > 0 && lengths_size != p.rows)
     return InvalidTopkCall(target, "lengths has ", lengths_size, " entries for ", p.rows, " rows");
   if (p.page_table != nullptr) {
-    if (p.log2_page_size < 0 || p.log2_page_size > 30 || (p.pages << p.log2_page_size) < p.width ||
+    if (p.log2_page_size < 0 || p.log2_page_size > 30 ||
+        p.pages < ((p.width + (int64_t{1} << p.log2_page_size) - 1) >> p.log2_page_size) ||
         (p.rows > 0 && p.table_count < 1))
       return InvalidTopkCall(target, "page_table [", p.table_count, ", ", p.pages,
                              "] with pages of 2^", p.log2_page_size, " columns cannot map ",
@@ -167,6 +168,8 @@ inline ffi::Error CheckTopkSizes(const TopkTarget& target, const TopkProblem& p,
 // read out of bounds if a caller bypassed them.
 inline ffi::Error CheckTopkProblem(const TopkTarget& target, const TopkProblem& p,
                                    const TopkOperands& operands, bool has_lengths) {
+  if (operands.out.element_count() != static_cast<size_t>(p.rows) * p.k)
+    return InvalidTopkCall(target, "the indices result must be [", p.rows, ", ", p.k, "]");
   if (p.values != nullptr && (operands.values.element_type() != operands.scores.element_type() ||
                               operands.values.element_count() != static_cast<size_t>(p.rows) * p.k))
     return InvalidTopkCall(target, "values must be [", p.rows, ", ", p.k,

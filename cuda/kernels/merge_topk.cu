@@ -305,6 +305,9 @@ template <typename Values>
 cudaError_t Launch(const MergeProblem& p, cudaStream_t stream) {
   if (p.width <= merge_registers::kMaxWidth) return LaunchInRegisters<Values>(p, stream);
   const size_t staged_bytes = p.width <= kMaxStagedWidth ? p.width * sizeof(uint64_t) : 0;
+  // A block a row: rows beyond the grid's x extent (unreachable in memory: 2^31 rows of more
+  // than 16384 candidates) are refused; the persistent kernel above takes any row count.
+  if (p.rows > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const auto kernel = MergeTopkKernel<Values>;
   static std::atomic<uint64_t> allowed{0};
   cudaError_t status = AllowSharedOnce(kernel, kMaxStagedWidth * sizeof(uint64_t), allowed);
@@ -319,7 +322,7 @@ cudaError_t Launch(const MergeProblem& p, cudaStream_t stream) {
 
 cudaError_t LaunchMergeTopk(const MergeProblem& problem, cudaStream_t stream) {
   if (problem.k < 1 || problem.k > kMaxK || problem.k > problem.width ||
-      problem.width > kMaxMergeWidth || problem.rows > 0x7FFFFFFF)
+      problem.width > kMaxMergeWidth)
     return cudaErrorInvalidValue;
   if (problem.rows == 0) return cudaSuccess;
   switch (problem.score_type) {
