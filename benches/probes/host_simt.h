@@ -75,6 +75,17 @@ T atomicAdd(T* address, T value) {
 using std::max;
 using std::min;
 
+// CUDA's vector types, for 16- and 8-byte loads.
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+
 // What a kernel header takes from the device side (see merge_runs_kernel.cuh).
 inline unsigned char* DynamicShared() {
   return host_simt::block_shared;

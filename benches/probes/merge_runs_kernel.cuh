@@ -42,6 +42,28 @@ __device__ __forceinline__ uint64_t RankKey(typename Values::Bits bits, int32_t 
   return (static_cast<uint64_t>(Values::Key(bits)) << 32) | static_cast<uint32_t>(~column);
 }
 
+// Places [4 quad, 4 quad + 4) of a row as rank keys: one 16-byte load of columns and one of
+// 16 (float32) or 8 (16-bit) bytes of values.
+template <typename Values>
+__device__ __forceinline__ void RankKeysOfQuad(const typename Values::Bits* values,
+                                               const int32_t* indices, int quad, uint64_t* rank) {
+  using Bits = typename Values::Bits;
+  const int4 columns = reinterpret_cast<const int4*>(indices)[quad];
+  Bits bits[4];
+  if constexpr (sizeof(Bits) == 4) {
+    const uint4 v = reinterpret_cast<const uint4*>(values)[quad];
+    bits[0] = v.x, bits[1] = v.y, bits[2] = v.z, bits[3] = v.w;
+  } else {
+    const uint2 v = reinterpret_cast<const uint2*>(values)[quad];
+    bits[0] = static_cast<Bits>(v.x), bits[1] = static_cast<Bits>(v.x >> 16);
+    bits[2] = static_cast<Bits>(v.y), bits[3] = static_cast<Bits>(v.y >> 16);
+  }
+  rank[4 * quad] = RankKey<Values>(bits[0], columns.x);
+  rank[4 * quad + 1] = RankKey<Values>(bits[1], columns.y);
+  rank[4 * quad + 2] = RankKey<Values>(bits[2], columns.z);
+  rank[4 * quad + 3] = RankKey<Values>(bits[3], columns.w);
+}
+
 // One level: sequences of `source` (places[src], or `rank` itself at level 0) merged in pairs,
 // each output cut to k, into places[dst]; thread 0 records the next level's sequences.
 __device__ void MergeLevel(Shared& s, int level, int k) {
@@ -125,12 +147,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       PrefetchRangeToL2(values + (row + gridDim.x) * width, width * sizeof(Bits));
       PrefetchRangeToL2(indices + (row + gridDim.x) * width, width * sizeof(int32_t));
     }
-    // 1. Rank keys, then the run boundaries.
+    // 1. Rank keys (four places a load where the row allows), then the run boundaries.
     const Bits* row_values = values + row * width;
     const int32_t* row_indices = indices + row * width;
+    const bool quads = width % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(row_values) % (4 * sizeof(Bits)) == 0 &&
+                       reinterpret_cast<uintptr_t>(row_indices) % 16 == 0;
+    if (quads) {
+#pragma unroll 4
+      for (int quad = threadIdx.x; quad < width / 4; quad += kThreads)
+        RankKeysOfQuad<Values>(row_values, row_indices, quad, s.rank);
+    } else {
 #pragma unroll 8
-    for (int place = threadIdx.x; place < width; place += kThreads)
-      s.rank[place] = RankKey<Values>(row_values[place], row_indices[place]);
+      for (int place = threadIdx.x; place < width; place += kThreads)
+        s.rank[place] = RankKey<Values>(row_values[place], row_indices[place]);
+    }
     if (threadIdx.x == 0) s.boundaries = 0;
     __syncthreads();
     for (int place = threadIdx.x + 1; place < width; place += kThreads) {
