@@ -1,7 +1,8 @@
 // merge_topk for rows that arrive as a few sorted runs (the lists of top_k(sorted=True) calls:
 // a running top-k over key chunks, split-KV decode), alone: the algorithm of
 // benches/probes/merge_runs_model.py on the GPU, checked against a host reference and timed
-// against the read floor. Not in the product: this probe says whether the path is worth it.
+// against the read floor and against today's merge_topk kernel (linked in) on the same rows.
+// Not in the product: this probe says whether the path is worth it.
 // A persistent 512-thread block an SM (192 KB of shared memory), a row at a time:
 // 1. The row's 64-bit rank keys R = ordered key << 32 | ~column (0: column < 0 or NaN) into
 //    shared memory; every place whose R is above its left neighbour's starts a run. More than
@@ -25,6 +26,7 @@
 
 #include "benches/probes/merge_runs_kernel.cuh"
 #include "benches/probes/merge_runs_rows.h"
+#include "kernels/merge_cuda.h"
 
 using jax_topk::Bf16Values;
 using jax_topk::F32Values;
@@ -83,15 +85,16 @@ float MedianUs(std::vector<float> ms) {
   return ms[ms.size() / 2] * 1000.0f;
 }
 
-template <typename Values>
-float TimeUs(const Run<Values>& run, bool prefetch) {
+// The median of 20 timed calls of launch() (after one untimed), us.
+template <typename Launcher>
+float TimeUs(Launcher launch) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   std::vector<float> ms;
   for (int repeat = 0; repeat < 21; ++repeat) {
     cudaEventRecord(start);
-    run.Launch(prefetch);
+    launch();
     cudaEventRecord(stop);
     cudaEventSynchronize(stop);
     float elapsed;
@@ -124,31 +127,74 @@ double CopyRate(size_t bytes) {
   return 2.0 * bytes / (MedianUs(ms) * 1e-6);
 }
 
+// 5536 rows of 8 lists of 2048, k = 2048, sorted output: the probe on sorted lists (with and
+// without the next row pulled into L2), and today's merge_topk kernel on the same rows and on
+// the bench's unsorted lists (columns ascending), against the read floor.
 template <typename Values>
-void Bench(const char* dtype, std::mt19937& rng, int sms, double copy_rate) {
+int64_t Bench(const char* dtype, std::mt19937& rng, int sms, double copy_rate) {
   using Bits = typename Values::Bits;
   const int64_t rows = 5536;
   const int lists = 8, per_list = 2048, k = 2048, width = lists * per_list;
-  std::vector<Bits> values;
-  std::vector<int32_t> indices;
-  merge_runs::MakeRows<Values>(rng, rows, lists, per_list, 0, &values, &indices);
-  Run<Values> run{nullptr, nullptr, nullptr, nullptr, rows, width, k, sms};
-  cudaMalloc(&run.values, values.size() * sizeof(Bits));
-  cudaMalloc(&run.indices, indices.size() * 4);
-  cudaMalloc(&run.out_values, rows * k * sizeof(Bits));
-  cudaMalloc(&run.out_indices, rows * k * 4);
-  cudaMemcpy(run.values, values.data(), values.size() * sizeof(Bits), cudaMemcpyHostToDevice);
-  cudaMemcpy(run.indices, indices.data(), indices.size() * 4, cudaMemcpyHostToDevice);
   const double floor_us = rows * width * (sizeof(Bits) + 4.0) / copy_rate * 1e6;
-  for (const bool prefetch : {false, true}) {
-    const float us = TimeUs(run, prefetch);
-    std::printf("| %s | 5536 x 8 x 2048 sorted lists | %s | %.1f | %.1f | %.2fx |\n", dtype,
-                prefetch ? "next row into L2" : "no prefetch", us, floor_us, us / floor_us);
+  int64_t bad = 0;
+  for (const int kind : {0, 6}) {  // sorted lists, then unsorted ones
+    std::vector<Bits> values;
+    std::vector<int32_t> indices;
+    merge_runs::MakeRows<Values>(rng, rows, lists, per_list, kind, &values, &indices);
+    Run<Values> run{nullptr, nullptr, nullptr, nullptr, rows, width, k, sms};
+    cudaMalloc(&run.values, values.size() * sizeof(Bits));
+    cudaMalloc(&run.indices, indices.size() * 4);
+    cudaMalloc(&run.out_values, rows * k * sizeof(Bits));
+    cudaMalloc(&run.out_indices, rows * k * 4);
+    cudaMemcpy(run.values, values.data(), values.size() * sizeof(Bits), cudaMemcpyHostToDevice);
+    cudaMemcpy(run.indices, indices.data(), indices.size() * 4, cudaMemcpyHostToDevice);
+    const char* input = kind == 0 ? "sorted lists" : "unsorted lists";
+    const auto row = [&](const char* variant, float us) {
+      std::printf("| %s | 5536 x 8 x 2048, %s | %s | %.1f | %.1f | %.2fx |\n", dtype, input,
+                  variant, us, floor_us, us / floor_us);
+    };
+    if (kind == 0) {
+      for (const bool prefetch : {false, true})
+        row(prefetch ? "runs probe, next row into L2" : "runs probe, no prefetch",
+            TimeUs([&] { run.Launch(prefetch); }));
+    }
+    jax_topk::MergeProblem problem;
+    problem.values = run.values;
+    problem.indices = run.indices;
+    problem.score_type =
+        sizeof(Bits) == 4 ? jax_topk::ScoreType::kFloat32 : jax_topk::ScoreType::kBfloat16;
+    problem.rows = rows;
+    problem.width = width;
+    problem.k = k;
+    problem.sorted = true;
+    Bits* today_values;
+    int32_t* today_indices;
+    cudaMalloc(&today_values, rows * k * sizeof(Bits));
+    cudaMalloc(&today_indices, rows * k * 4);
+    problem.out_values = today_values;
+    problem.out_indices = today_indices;
+    row("merge_topk kernel today", TimeUs([&] { jax_topk::LaunchMergeTopk(problem, 0); }));
+    if (kind == 0) {  // the probe and today's kernel write the same bits
+      run.Launch(false);
+      std::vector<Bits> a(rows * k), b(rows * k);
+      std::vector<int32_t> c(rows * k), d(rows * k);
+      cudaMemcpy(a.data(), run.out_values, a.size() * sizeof(Bits), cudaMemcpyDeviceToHost);
+      cudaMemcpy(b.data(), today_values, b.size() * sizeof(Bits), cudaMemcpyDeviceToHost);
+      cudaMemcpy(c.data(), run.out_indices, c.size() * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(d.data(), today_indices, d.size() * 4, cudaMemcpyDeviceToHost);
+      const bool same = a == b && c == d;
+      bad += !same;
+      std::printf("|   | (the probe's output %s today's kernel's) | | | | |\n",
+                  same ? "equals" : "DIFFERS FROM");
+    }
+    cudaFree(today_values);
+    cudaFree(today_indices);
+    cudaFree(run.values);
+    cudaFree(run.indices);
+    cudaFree(run.out_values);
+    cudaFree(run.out_indices);
   }
-  cudaFree(run.values);
-  cudaFree(run.indices);
-  cudaFree(run.out_values);
-  cudaFree(run.out_indices);
+  return bad;
 }
 
 }  // namespace
@@ -171,8 +217,9 @@ int main() {
   std::printf(
       "| dtype | shape | variant | us | read floor us | x floor |\n| --- | --- | --- | --- | --- | "
       "--- |\n");
-  Bench<F32Values>("float32", rng, sms, copy_rate);
-  Bench<Bf16Values>("bfloat16", rng, sms, copy_rate);
-  std::printf("\n%s\n", bad == 0 ? "every check exact" : "MISMATCHES: see above");
-  return bad == 0 ? 0 : 1;
+  const int64_t bench_bad = Bench<F32Values>("float32", rng, sms, copy_rate) +
+                            Bench<Bf16Values>("bfloat16", rng, sms, copy_rate);
+  const bool exact = bad == 0 && bench_bad == 0;
+  std::printf("\n%s\n", exact ? "every check exact" : "MISMATCHES: see above");
+  return exact ? 0 : 1;
 }

@@ -6,5 +6,5 @@
 #   bash benches/probes/merge_runs.sh
 set -eu
 nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icuda -I. \
-  -Xptxas=-v benches/probes/merge_runs.cu -o /tmp/merge_runs 2>&1 | grep -E "registers|spill" || true
+  -Xptxas=-v benches/probes/merge_runs.cu cuda/kernels/merge_topk.cu -o /tmp/merge_runs 2>&1 | grep -E "registers|spill" || true
 /tmp/merge_runs
