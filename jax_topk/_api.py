@@ -14,11 +14,23 @@ _INT32_MAX = np.iinfo(np.int32).max
 _INT32_MIN = np.iinfo(np.int32).min
 
 
+def host_integers(value):
+    """`jnp.asarray(value)`, except that host arrays of 64-bit integers saturate to int32's
+    range first: with x64 off (JAX's default) jnp.asarray narrows them by wrapping, so a
+    length of 2**31 would become -2**31, an empty row, before any clamp could see it."""
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "iu":
+        if value.dtype.itemsize > 4:
+            low = 0 if value.dtype.kind == "u" else _INT32_MIN
+            value = np.clip(value, np.array(low, value.dtype), np.array(_INT32_MAX, value.dtype))
+            value = value.astype(np.int32)
+    return jnp.asarray(value)
+
+
 def as_int32(value):
     """Integer runtime values as int32, saturating (not wrapping) wider ones."""
-    if isinstance(value, (int, np.integer)):  # a Python int may not fit any JAX integer
-        return jnp.int32(min(max(int(value), _INT32_MIN), _INT32_MAX))
-    value = jnp.asarray(value)
+    if isinstance(value, int):  # a Python int may not fit any JAX integer
+        return jnp.int32(min(max(value, _INT32_MIN), _INT32_MAX))
+    value = host_integers(value)
     if value.dtype == jnp.int32:
         return value
     info = jnp.iinfo(value.dtype)
@@ -32,7 +44,7 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     """Checks the arguments, states the call as `Operands` and `Params` (the 2-D form the
     primitives take), binds, and gives the indices the scores' leading shape."""
     scores = jnp.asarray(scores)
-    lengths = jnp.asarray(lengths)
+    lengths = host_integers(lengths)
     k = _checks.check_k(op, k)
     log2_page_size = _checks.check_page_size(op, page_size)
     sorted = _checks.check_sorted(op, sorted)
@@ -41,7 +53,7 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     if page_table is not None:
         page_table = jnp.asarray(page_table)
     if table_rows is not None:
-        table_rows = jnp.asarray(table_rows)
+        table_rows = host_integers(table_rows)
     _checks.check_page_table(op, page_table, table_rows, leading, n, page_size)
     _checks.check_num_valid_rows(op, num_valid_rows, leading)
 

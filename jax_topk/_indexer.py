@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from . import _checks
-from ._api import as_int32
+from ._api import as_int32, host_integers
 from ._indexer_contract import INDEXER_MAX_K, LOGITS, TOPK, IndexerOperands, IndexerParams
 from ._indexer_primitives import PRIMITIVES
 
@@ -50,7 +50,7 @@ def indexer_logits(q, keys, weights, lengths=None, *, key_scales=None):
     )
     if lengths is None:
         lengths = jnp.full((queries,), keys_count, jnp.int32)
-    lengths = jnp.asarray(lengths)
+    lengths = host_integers(lengths)
     _checks.check_lengths(LOGITS, lengths, (queries,))
     params = IndexerParams(op=LOGITS, has_key_scales=key_scales is not None)
     return _bind(params, q, keys, weights, key_scales, lengths)[0]
@@ -75,11 +75,12 @@ def indexer_topk(
     lengths, k=k, page_table=..., page_size=..., table_rows=..., num_valid_rows=...,
     sorted=...)` on the same backend (see both docstrings for the arguments).
 
-    Today's CUDA path writes the logits to a workspace and selects from it with
-    topk_filtered's kernel; the fused kernel that never writes them is later work.
+    By default the CUDA path writes the logits to a workspace and selects from it with
+    topk_filtered's kernel; a fused kernel that never writes them runs with
+    JAX_TOPK_INDEXER_TOPK=fused (set at compile and run time; measured slower).
     """
     q, keys, weights, key_scales, queries, keys_count = _inputs(TOPK, q, keys, weights, key_scales)
-    lengths = jnp.asarray(lengths)
+    lengths = host_integers(lengths)
     k = _checks.check_k(TOPK, k, max_k=INDEXER_MAX_K)
     log2_page_size = _checks.check_page_size(TOPK, page_size)
     sorted = _checks.check_sorted(TOPK, sorted)
@@ -87,7 +88,7 @@ def indexer_topk(
     if page_table is not None:
         page_table = jnp.asarray(page_table)
     if table_rows is not None:
-        table_rows = jnp.asarray(table_rows)
+        table_rows = host_integers(table_rows)
     _checks.check_page_table(TOPK, page_table, table_rows, (queries,), keys_count, page_size)
     _checks.check_num_valid_rows(TOPK, num_valid_rows, (queries,))
     params = IndexerParams(

@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from . import _checks, _fallback
-from ._api import as_int32
+from ._api import as_int32, host_integers
 from ._contract import (
     FAST_DTYPES,
     MAX_BF16_WIDTH,
@@ -224,7 +224,7 @@ def top_k(operand, k, *, lengths=None, sorted=True):
     sorted = _checks.check_sorted("top_k", sorted)
     rows = int(np.prod(leading, dtype=np.int64))
     if lengths is not None:  # None stays None: no [rows] array of n on the device
-        lengths = jnp.asarray(lengths)
+        lengths = host_integers(lengths)
         _checks.check_lengths("top_k", lengths, leading)
         lengths = as_int32(lengths).reshape(rows)
     values, indices = _values_and_indices(operand.reshape(rows, n), lengths, k, sorted)

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jax_topk
 from tests.support.families import edge_lengths
-from tests.support.operators import SCORE_DTYPES, make_scores, permuted_page_table, run_op
+from tests.support.operators import OPS, SCORE_DTYPES, make_scores, permuted_page_table, run_op
 from tests.support.reference import reference_topk
 
 
@@ -148,6 +149,50 @@ def test_wide_integer_lengths_saturate(op, backend):
     lengths = np.array([2**32 - 1, 2**31, 7], np.uint32)
     out = run_op(op, backend, scores, lengths, k=4)
     np.testing.assert_array_equal(out, reference_topk(scores, np.array([50, 50, 7]), 4))
+
+
+@pytest.mark.parametrize(
+    "wide",
+    [
+        np.array([2**32 + 2, 2**31, -(2**40)], np.int64),
+        np.array([2**63, 2**32 + 2, 0], np.uint64),
+    ],
+)
+def test_host_64_bit_lengths_saturate(op, wide):
+    """Host arrays of 64-bit lengths (and table_rows, num_valid_rows) passed straight to the
+    function saturate, where jnp.asarray alone (x64 off) would wrap 2**32 + 2 to 2 and 2**31
+    to an empty row."""
+    rng = np.random.default_rng(18)
+    scores = make_scores(op, rng, (3, 50))
+    want = reference_topk(scores, np.clip(wide.astype(np.float64), 0, 50).astype(np.int32), 4)
+    np.testing.assert_array_equal(np.asarray(OPS[op](scores, wide, k=4)), want)
+    table = permuted_page_table(rng, 2, 50)
+    table_rows = np.array([2**40, -(2**40), 1], np.int64)  # clamped: table rows 1, 0, 1
+    lengths = np.full(3, 50, np.int32)
+    got = OPS[op](
+        scores,
+        lengths,
+        k=4,
+        page_table=table,
+        table_rows=table_rows,
+        num_valid_rows=np.array(2**40),
+    )
+    want = reference_topk(scores, lengths, 4, page_table=table, table_rows=np.array([1, 0, 1]))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_host_64_bit_lengths_saturate_in_top_k_and_the_indexer():
+    x = np.arange(50, dtype=np.float32)[None].repeat(3, 0)
+    wide = np.array([2**32 + 2, 2**31, -(2**40)], np.int64)
+    _, indices = jax_topk.top_k(x, 4, lengths=wide)
+    np.testing.assert_array_equal(np.asarray(indices), [[49, 48, 47, 46]] * 2 + [[-1] * 4])
+    q = jnp.ones((3, 2, 8), jnp.bfloat16)
+    keys = jnp.ones((50, 8), jnp.bfloat16)
+    weights = jnp.ones((3, 2), jnp.float32)
+    logits = np.asarray(jax_topk.indexer_logits(q, keys, weights, wide))
+    assert np.isfinite(logits[:2]).all() and np.isneginf(logits[2]).all()
+    idx = np.asarray(jax_topk.indexer_topk(q, keys, weights, wide, k=4, sorted=True))
+    np.testing.assert_array_equal(idx, [[0, 1, 2, 3]] * 2 + [[-1] * 4])
 
 
 def test_deterministic(op, backend):
