@@ -38,7 +38,7 @@ def _batch(args, dims, *, primitive, params: Params):
     """vmap: the mapped axis becomes more rows (and more num_valid_rows groups). Where the
     fold does not keep each call's rows together (`_batch_layout`: Explicit sharding with the
     rows split), num_valid_rows cannot pass as groups: the rows past a group's limit get
-    lengths of 0 instead (the same result, SPEC section 3)."""
+    lengths of 0 instead (the same result, docs/contract.md section 3)."""
     operands, dims = Operands(*args), Operands(*dims)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
