@@ -209,38 +209,47 @@ def page_by_params(columns, page_table, table_rows, params):
     )
 
 
-def merge(values, indices, *, k: int, sorted: bool):
-    """merge_topk's exact path for any dtype (docs/contract.md section 8): the top k of
-    each row's candidates [rows, m], an entry being a candidate iff its index is >= 0 and
-    its value is not NaN. One `lax.sort` by (not a candidate, key descending, column
-    ascending) as `select`; entries equal in all three are the same (value, column), so
-    which of them is taken cannot show. `sorted=False` orders the k winners by (column
-    ascending, key descending). Returns (values [rows, k], indices [rows, k])."""
-    values, indices = columns_gathered(values), columns_gathered(indices)
+def merge_places(values, indices, *, k: int, sorted: bool):
+    """Where merge_topk's k winners sit among each row's m candidates (docs/contract.md
+    section 8): int32 [rows, k], -1 past the candidates. An entry is a candidate iff its
+    index is >= 0 and its value is not NaN. One `lax.sort` by (not a candidate, key
+    descending, column ascending, place ascending); `sorted=False` orders the k winners by
+    (column ascending, key descending, place ascending). Entries equal in key and column are
+    the same (value, column): the earlier place comes first, which only a tangent can tell."""
     rows, m = values.shape
     keys, is_nan = ordered_keys(values)
     candidate = (indices >= 0) & ~is_nan
     width = min(k, m)
     absent = (~candidate).astype(jnp.int32)
-    _, ranked_keys, ranked_columns, ranked_values = lax.sort(
-        (absent, ~keys, indices, values), dimension=1, num_keys=3
+    place = lax.broadcasted_iota(jnp.int32, (rows, m), 1)
+    _, ranked_keys, ranked_columns, ranked_places = lax.sort(
+        (absent, ~keys, indices, place), dimension=1, num_keys=4
     )
     slot = lax.broadcasted_iota(jnp.int32, (rows, width), 1)
     empty = slot >= candidate.sum(axis=1, dtype=jnp.int32)[:, None]
-    columns, picked = ranked_columns[:, :width], ranked_values[:, :width]
+    places = ranked_places[:, :width]
     if not sorted:  # the empty slots (the last ones) stay last
-        _, columns, _, picked = lax.sort(
-            (empty.astype(jnp.int32), columns, ranked_keys[:, :width], picked),
+        _, _, _, places = lax.sort(
+            (empty.astype(jnp.int32), ranked_columns[:, :width], ranked_keys[:, :width], places),
             dimension=1,
-            num_keys=3,
+            num_keys=4,
         )
-    columns = jnp.where(empty, EMPTY_SLOT, columns)
-    picked = jnp.where(empty, empty_value(values.dtype), picked)
-    if width < k:
-        columns = jnp.pad(columns, ((0, 0), (0, k - width)), constant_values=EMPTY_SLOT)
-        picked = jnp.pad(
-            picked, ((0, 0), (0, k - width)), constant_values=empty_value(values.dtype)
-        )
+    places = jnp.where(empty, EMPTY_SLOT, places)
+    return jnp.pad(places, ((0, 0), (0, k - width)), constant_values=EMPTY_SLOT)
+
+
+def merge(values, indices, *, k: int, sorted: bool):
+    """merge_topk's exact path for any dtype: the winners at `merge_places`, gathered.
+    Returns (values [rows, k], indices [rows, k]); slots past the candidates hold -1 and the
+    dtype's empty value."""
+    values, indices = columns_gathered(values), columns_gathered(indices)
+    places = merge_places(values, indices, k=k, sorted=sorted)
+    taken = jnp.maximum(places, 0)
+    filled = places >= 0
+    picked = jnp.where(
+        filled, jnp.take_along_axis(values, taken, axis=1), empty_value(values.dtype)
+    )
+    columns = jnp.where(filled, jnp.take_along_axis(indices, taken, axis=1), EMPTY_SLOT)
     return picked, columns
 
 

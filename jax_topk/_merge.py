@@ -133,6 +133,31 @@ def merge_2d(values, indices, *, k: int, sorted: bool, local: bool = False):
     return _fallback.merge(values, indices, k=k, sorted=sorted)
 
 
+@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _merged(values, indices, k, sorted):
+    return merge_2d(values, indices, k=k, sorted=sorted)
+
+
+@_merged.defjvp
+def _merged_jvp(k, sorted, primals, tangents):
+    """top_k's rule: a winner's tangent is its candidate's (the candidate's place found by
+    the exact pure-JAX merge, `_fallback.merge_places`); 0 in empty slots; none for indices."""
+    values, indices = primals
+    merged_values, merged_indices = _merged(values, indices, k, sorted)
+    indices_dot = np.zeros(merged_indices.shape, jax.dtypes.float0)
+    values_dot = tangents[0]
+    if not jnp.issubdtype(values.dtype, jnp.floating):  # integers have no tangent
+        return (merged_values, merged_indices), (indices_dot, indices_dot)
+    # Under Explicit sharding the candidates' axis is gathered first, as top_k's rule does.
+    values, indices = _fallback.columns_gathered(values), _fallback.columns_gathered(indices)
+    places = _fallback.merge_places(values, indices, k=k, sorted=sorted)
+    picked = jnp.take_along_axis(
+        _fallback.columns_gathered(values_dot), jnp.maximum(places, 0), axis=1
+    )
+    values_dot = jnp.where(places >= 0, picked, jnp.zeros_like(picked))
+    return (merged_values, merged_indices), (values_dot, indices_dot)
+
+
 def merge_topk(values, indices, k, *, sorted=True):
     """The exact top-k of the union of candidate lists: (values [..., k], indices [..., k]).
 
@@ -144,7 +169,9 @@ def merge_topk(values, indices, k, *, sorted=True):
     values by ascending column. Columns are assumed distinct (a repeated column may be
     selected twice). `1 <= k <= m`; slots past the candidates hold index -1 and value -inf
     (an integer dtype's minimum). `sorted=True`: rank order; `sorted=False`: ascending
-    columns. Equals `top_k` over the union.
+    columns. Equals `top_k` over the union. `jax.grad`/`jax.jvp` through the values follow
+    top_k's rule: a winner's tangent is its candidate's (of candidates equal in value and
+    column, the earlier one's first); indices have none.
     """
     values = jnp.asarray(values)
     indices = jnp.asarray(indices)
@@ -152,7 +179,7 @@ def merge_topk(values, indices, k, *, sorted=True):
     k = _checks.check_top_k_k(k, m, op="merge_topk", width="m")
     sorted = _checks.check_sorted("merge_topk", sorted)
     rows = int(np.prod(leading, dtype=np.int64))
-    merged_values, merged_indices = merge_2d(
-        values.reshape(rows, m), indices.reshape(rows, m), k=k, sorted=sorted
+    merged_values, merged_indices = _merged(
+        values.reshape(rows, m), indices.reshape(rows, m), k, sorted
     )
     return merged_values.reshape(*leading, k), merged_indices.reshape(*leading, k)

@@ -186,6 +186,61 @@ def test_vmap_and_leading_shapes(backend):
     np.testing.assert_array_equal(np.asarray(one[1]), np.asarray(flat[1][0]))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_grad_through_chunks_and_merge_equals_top_k(backend, dtype):
+    """A running top-k keeps top_k's gradient: on tie-free rows, jax.grad of a loss through
+    top_k over column chunks then merge_topk equals it through jax.lax.top_k over the row
+    (both orders; an order-free loss for sorted=False), and jax.jacfwd and vmap of the grad
+    agree too."""
+    rows, n, k, chunk = 3, 96, 10, 32
+    rng = np.random.default_rng(19)
+    with jax.enable_x64(dtype == "float64"):
+        row = jnp.asarray(rng.permutation(rows * n).reshape(rows, n) / 7.0 - 20.0, dtype)
+        weights = jnp.asarray(rng.standard_normal((rows, k)), dtype)
+        device = device_for(backend)
+        row, weights = jax.device_put(row, device), jax.device_put(weights, device)
+
+        def merged(x, sorted_):
+            parts = [jax_topk.top_k(x[:, c : c + chunk], k) for c in range(0, n, chunk)]
+            values = jnp.concatenate([v for v, _ in parts], 1)
+            columns = jnp.concatenate([i + c for (_, i), c in zip(parts, range(0, n, chunk))], 1)
+            return jax_topk.merge_topk(values, columns, k, sorted=sorted_)[0]
+
+        def losses(select):
+            return (
+                lambda x: (weights * select(x, True)).sum(),
+                lambda x: (select(x, False).astype(jnp.float32) ** 2).sum(),
+            )
+
+        reference = lambda x, _sorted: jax.lax.top_k(x, k)[0]  # noqa: E731
+        for ours, theirs in zip(losses(merged), losses(reference)):
+            want = np.asarray(jax.grad(theirs)(row))
+            np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(ours))(row)), want)
+            np.testing.assert_array_equal(np.asarray(jax.vmap(jax.grad(ours))(row[None])[0]), want)
+        jac = jax.jacfwd(lambda x: merged(x, True))(row[:1])
+        want = jax.jacfwd(lambda x: reference(x, True))(row[:1])
+        np.testing.assert_array_equal(np.asarray(jac), np.asarray(want))
+
+
+def test_tangents_of_empty_slots_and_repeated_candidates(backend):
+    """A -1 or NaN entry passes no tangent; a (value, column) pair given twice, both taken,
+    passes each copy's tangent, the earlier place's first (sorted output)."""
+    values = jnp.asarray([[3.0, np.nan, 5.0, 3.0, 1.0, 9.0]], jnp.float32)
+    indices = jnp.asarray([[4, 2, 7, 4, 0, -1]], jnp.int32)
+    tangent = jnp.asarray([[10.0, 20.0, 30.0, 40.0, 50.0, 60.0]], jnp.float32)
+    device = device_for(backend)
+    values, indices, tangent = (jax.device_put(a, device) for a in (values, indices, tangent))
+    (got_values, got_indices), (dot, _) = jax.jvp(
+        lambda v: jax_topk.merge_topk(v, indices, 6), (values,), (tangent,)
+    )
+    np.testing.assert_array_equal(np.asarray(got_indices), [[7, 4, 4, 0, -1, -1]])
+    np.testing.assert_array_equal(np.asarray(dot), [[30.0, 10.0, 40.0, 50.0, 0.0, 0.0]])
+    integers = jax.device_put(jnp.asarray([[3, 1, 5, 3, 1, 9]], jnp.int32), device)
+    zero = np.zeros(integers.shape, jax.dtypes.float0)
+    _, (int_dot, _) = jax.jvp(lambda v: jax_topk.merge_topk(v, indices, 3), (integers,), (zero,))
+    assert int_dot.dtype == jax.dtypes.float0 and int_dot.shape == (1, 3)
+
+
 def test_trace_time_errors():
     values, indices = jnp.zeros((2, 10), jnp.float32), jnp.zeros((2, 10), jnp.int32)
     with pytest.raises(ValueError, match=r"merge_topk: k=11.*m=10"):
