@@ -260,8 +260,8 @@ def test_trace_time_errors():
 
 
 def test_running_top_k_example():
-    """examples/running_top_k.py: a running top-k inside lax.scan equals one top_k (the
-    example asserts it)."""
+    """examples/running_top_k.py: a running top-k inside lax.scan equals one top_k, and so
+    does its gradient (the example asserts both)."""
     path = Path(__file__).parents[1] / "examples" / "running_top_k.py"
     spec = importlib.util.spec_from_file_location("running_top_k", path)
     example = importlib.util.module_from_spec(spec)
