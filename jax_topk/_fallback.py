@@ -39,8 +39,9 @@ def ordered_keys(scores):
     -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN (integers: their numeric order), and a
     NaN mask. Types of up to 32 bits give int32 keys (narrower keys sign-extended, which
     keeps their order), 64-bit types int64 keys."""
-    if jnp.issubdtype(scores.dtype, jnp.integer):
-        return _integer_keys(scores), jnp.zeros(scores.shape, bool)
+    if jnp.issubdtype(scores.dtype, jnp.integer):  # no NaN; the mask laid out as the keys
+        keys = _integer_keys(scores)
+        return keys, jnp.zeros_like(keys, dtype=bool)
     bits = jnp.finfo(scores.dtype).bits
     signed = jnp.dtype(f"int{bits}")
     raw = lax.bitcast_convert_type(scores, signed)
@@ -105,6 +106,12 @@ def select_with_values(scores, lengths, *, k: int, sorted: bool):
     return gather_values(scores, columns), columns
 
 
+def places_along(x, dimension: int = 1):
+    """int32 iota over x's shape along `dimension`, laid out as x is: under Explicit sharding
+    lax.sort wants all its operands sharded alike."""
+    return lax.broadcasted_iota(jnp.int32, x.shape, dimension, out_sharding=jax.typeof(x).sharding)
+
+
 def valid_rows(rows: int, num_valid_rows):
     """Row r is valid iff r % group < num_valid_rows[r // group], rows in equal groups."""
     group = rows // num_valid_rows.shape[0]
@@ -119,7 +126,7 @@ def select(scores, lengths, num_valid_rows, *, k: int, sorted: bool, has_num_val
     if rows == 0:
         return jnp.full((0, k), EMPTY_SLOT, jnp.int32)
     keys, is_nan = ordered_keys(columns_gathered(scores))
-    columns = lax.broadcasted_iota(jnp.int32, (rows, n), 1)
+    columns = places_along(keys)
     candidate = ~is_nan
     if lengths is not None:  # None: every row whole (top_k without lengths)
         candidate &= columns < jnp.clip(lengths, 0, n)[:, None]
@@ -209,21 +216,22 @@ def page_by_params(columns, page_table, table_rows, params):
     )
 
 
-def merge_places(values, indices, *, k: int, sorted: bool):
+def merge_places(values, indices, *, k: int, sorted: bool, earlier_first: bool = False):
     """Where merge_topk's k winners sit among each row's m candidates (docs/contract.md
     section 8): int32 [rows, k], -1 past the candidates. An entry is a candidate iff its
     index is >= 0 and its value is not NaN. One `lax.sort` by (not a candidate, key
-    descending, column ascending, place ascending); `sorted=False` orders the k winners by
-    (column ascending, key descending, place ascending). Entries equal in key and column are
-    the same (value, column): the earlier place comes first, which only a tangent can tell."""
+    descending, column ascending); `sorted=False` orders the k winners by (column ascending,
+    key descending). Entries equal in key and column are the same (value, column), so which
+    of them goes first shows only in a tangent: `earlier_first` (the JVP rule) adds the place
+    as a last sort key, so that the earlier goes first; otherwise it rides along unsorted."""
     rows, m = values.shape
     keys, is_nan = ordered_keys(values)
     candidate = (indices >= 0) & ~is_nan
     width = min(k, m)
     absent = (~candidate).astype(jnp.int32)
-    place = lax.broadcasted_iota(jnp.int32, (rows, m), 1)
+    sort_keys = 4 if earlier_first else 3
     _, ranked_keys, ranked_columns, ranked_places = lax.sort(
-        (absent, ~keys, indices, place), dimension=1, num_keys=4
+        (absent, ~keys, indices, places_along(indices)), dimension=1, num_keys=sort_keys
     )
     slot = lax.broadcasted_iota(jnp.int32, (rows, width), 1)
     empty = slot >= candidate.sum(axis=1, dtype=jnp.int32)[:, None]
@@ -232,7 +240,7 @@ def merge_places(values, indices, *, k: int, sorted: bool):
         _, _, _, places = lax.sort(
             (empty.astype(jnp.int32), ranked_columns[:, :width], ranked_keys[:, :width], places),
             dimension=1,
-            num_keys=4,
+            num_keys=sort_keys,
         )
     places = jnp.where(empty, EMPTY_SLOT, places)
     return jnp.pad(places, ((0, 0), (0, k - width)), constant_values=EMPTY_SLOT)
@@ -244,13 +252,8 @@ def merge(values, indices, *, k: int, sorted: bool):
     dtype's empty value."""
     values, indices = columns_gathered(values), columns_gathered(indices)
     places = merge_places(values, indices, k=k, sorted=sorted)
-    taken = jnp.maximum(places, 0)
-    filled = places >= 0
-    picked = jnp.where(
-        filled, jnp.take_along_axis(values, taken, axis=1), empty_value(values.dtype)
-    )
-    columns = jnp.where(filled, jnp.take_along_axis(indices, taken, axis=1), EMPTY_SLOT)
-    return picked, columns
+    columns = jnp.take_along_axis(indices, jnp.maximum(places, 0), axis=1)
+    return gather_values(values, places), jnp.where(places >= 0, columns, EMPTY_SLOT)
 
 
 def indexer_logits(q, keys, weights, key_scales, lengths, *, has_key_scales: bool):

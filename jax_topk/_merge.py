@@ -144,18 +144,18 @@ def _merged_jvp(k, sorted, primals, tangents):
     the exact pure-JAX merge, `_fallback.merge_places`); 0 in empty slots; none for indices."""
     values, indices = primals
     merged_values, merged_indices = _merged(values, indices, k, sorted)
-    indices_dot = np.zeros(merged_indices.shape, jax.dtypes.float0)
+    no_tangent = np.zeros(merged_indices.shape, jax.dtypes.float0)
     values_dot = tangents[0]
     if not jnp.issubdtype(values.dtype, jnp.floating):  # integers have no tangent
-        return (merged_values, merged_indices), (indices_dot, indices_dot)
+        return (merged_values, merged_indices), (no_tangent, no_tangent)
     # Under Explicit sharding the candidates' axis is gathered first, as top_k's rule does.
     values, indices = _fallback.columns_gathered(values), _fallback.columns_gathered(indices)
-    places = _fallback.merge_places(values, indices, k=k, sorted=sorted)
+    places = _fallback.merge_places(values, indices, k=k, sorted=sorted, earlier_first=True)
     picked = jnp.take_along_axis(
         _fallback.columns_gathered(values_dot), jnp.maximum(places, 0), axis=1
     )
     values_dot = jnp.where(places >= 0, picked, jnp.zeros_like(picked))
-    return (merged_values, merged_indices), (values_dot, indices_dot)
+    return (merged_values, merged_indices), (values_dot, no_tangent)
 
 
 def merge_topk(values, indices, k, *, sorted=True):

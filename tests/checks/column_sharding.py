@@ -181,18 +181,21 @@ def check_k_past_2048(shape, names, spec, axis_type, rng):
         for family in ("signed_zeros", "denormals", "random_bits")
         for k in (2049, 6000)
     ] + [(integers, 50), (integers.astype(np.int8), 3000)]
+    with jax.enable_x64(True):  # float64 -0 beside +0: the gather of values keeps their bits
+        cases.append((families.make("signed_zeros", rng, (4, 8192), "float64"), 3000))
     for operand, k in cases:
-        fn = jax.jit(lambda x, k=k: jax_topk.top_k(x, k))
-        got = fn(jax.device_put(operand, NamedSharding(mesh, spec)))
-        want = fn(operand)
-        for g, w in zip(got, want):
-            assert_same_bits(g, w, f"top_k {operand.dtype} k={k}")
-        # merge_topk's exact path (the same sort) over candidates sharded the same way.
-        columns = np.broadcast_to(np.arange(operand.shape[1], dtype=np.int32), operand.shape)
-        merge = jax.jit(lambda v, i, k=k: jax_topk.merge_topk(v, i, k))
-        sharded = jax.device_put((operand, columns), NamedSharding(mesh, spec))
-        for g, w in zip(merge(*sharded), merge(operand, columns)):
-            assert_same_bits(g, w, f"merge_topk {operand.dtype} k={k}")
+        with jax.enable_x64(operand.dtype == np.float64):
+            fn = jax.jit(lambda x, k=k: jax_topk.top_k(x, k))
+            got = fn(jax.device_put(operand, NamedSharding(mesh, spec)))
+            want = fn(operand)
+            for g, w in zip(got, want):
+                assert_same_bits(g, w, f"top_k {operand.dtype} k={k}")
+            # merge_topk's exact path (the same sort) over candidates sharded the same way.
+            columns = np.broadcast_to(np.arange(operand.shape[1], dtype=np.int32), operand.shape)
+            merge = jax.jit(lambda v, i, k=k: jax_topk.merge_topk(v, i, k))
+            sharded = jax.device_put((operand, columns), NamedSharding(mesh, spec))
+            for g, w in zip(merge(*sharded), merge(operand, columns)):
+                assert_same_bits(g, w, f"merge_topk {operand.dtype} k={k}")
     return 2 * len(cases)
 
 
@@ -211,6 +214,37 @@ def check_gradient(shape, names, spec, axis_type, rng):
     return checks
 
 
+def check_merge_under_set_mesh(rng):
+    """merge_topk (kernel and exact paths) and its gradient, and top_k's exact path, inside
+    jax.set_mesh with Explicit axes, over rows, candidates or both split: the same bits as
+    unsharded (lax.sort wants its operands sharded alike, the iotas included)."""
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    values = families.make("signed_zeros", rng, (8, 256), "float32")
+    columns = np.stack([rng.permutation(N)[:256] for _ in range(8)]).astype(np.int32)
+    columns[:, ::7] = -1
+    weights = rng.standard_normal((8, 10)).astype(np.float32)
+    checks = 0
+    for operand, k in ((values, 10), (values, 256), ((values * 8).astype(np.int32), 10)):
+        merge = jax.jit(lambda v, i, k=k: jax_topk.merge_topk(v, i, k))
+        top_k = jax.jit(lambda x, k=k: jax_topk.top_k(x, k))
+        want_merge, want_top_k = merge(operand, columns), top_k(operand)
+        for spec in (P("x", None), P("x", "y"), P(("x", "y"), None), P(None, "y")):
+            with jax.set_mesh(mesh):
+                put = jax.device_put((operand, columns), NamedSharding(mesh, spec))
+                for g, w in zip(merge(*put), want_merge):
+                    assert_same_bits(g, w, f"merge_topk {operand.dtype} k={k} {spec}")
+                for g, w in zip(top_k(put[0]), want_top_k):
+                    assert_same_bits(g, w, f"top_k {operand.dtype} k={k} {spec}")
+                checks += 2
+                if operand.dtype == np.float32 and k == 10:
+                    loss = jax.jit(
+                        jax.grad(lambda v, i: (weights * jax_topk.merge_topk(v, i, 10)[0]).sum())
+                    )
+                    assert_same_bits(loss(*put), loss(operand, columns), f"merge grad {spec}")
+                    checks += 1
+    return checks
+
+
 def main():
     assert len(jax.devices()) == 8, jax.devices()
     rng = np.random.default_rng(31)
@@ -218,6 +252,7 @@ def main():
     checks += sum(check_k_past_2048(*layout, rng) for layout in LAYOUTS)
     checks += sum(check_gradient(*layout, rng) for layout in LAYOUTS)
     checks += check_row_sharded_merge(rng)
+    checks += check_merge_under_set_mesh(rng)
     print(
         f"column sharding ({_sharding.COLUMN_MERGE}): {checks} sharded calls equal the "
         "unsharded ones, only the candidates cross devices"
