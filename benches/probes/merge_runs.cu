@@ -42,6 +42,22 @@ struct Run {
   int32_t* out_indices;
   int64_t rows;
   int width, k, grid;
+  // Device copies of a row set's candidates and room for the results.
+  void Upload(const std::vector<Bits>& host_values, const std::vector<int32_t>& host_indices) {
+    cudaMalloc(&values, host_values.size() * sizeof(Bits));
+    cudaMalloc(&indices, host_indices.size() * 4);
+    cudaMalloc(&out_values, rows * k * sizeof(Bits));
+    cudaMalloc(&out_indices, rows * k * 4);
+    cudaMemcpy(values, host_values.data(), host_values.size() * sizeof(Bits),
+               cudaMemcpyHostToDevice);
+    cudaMemcpy(indices, host_indices.data(), host_indices.size() * 4, cudaMemcpyHostToDevice);
+  }
+  void Free() {
+    cudaFree(values);
+    cudaFree(indices);
+    cudaFree(out_values);
+    cudaFree(out_indices);
+  }
   void Launch(bool prefetch, cudaStream_t stream = 0) const {
     merge_runs::MergeRunsKernel<Values>
         <<<grid, merge_runs::kThreads, sizeof(merge_runs::Shared), stream>>>(
@@ -58,13 +74,7 @@ int64_t Check(const char* name, std::mt19937& rng, int64_t rows, merge_runs::Sha
   const int k = check.k;
   Run<Values> run{nullptr, nullptr,     nullptr, nullptr,
                   rows,    check.width, k,       static_cast<int>(std::min<int64_t>(rows, sms))};
-  cudaMalloc(&run.values, check.values.size() * sizeof(Bits));
-  cudaMalloc(&run.indices, check.indices.size() * 4);
-  cudaMalloc(&run.out_values, rows * k * sizeof(Bits));
-  cudaMalloc(&run.out_indices, rows * k * 4);
-  cudaMemcpy(run.values, check.values.data(), check.values.size() * sizeof(Bits),
-             cudaMemcpyHostToDevice);
-  cudaMemcpy(run.indices, check.indices.data(), check.indices.size() * 4, cudaMemcpyHostToDevice);
+  run.Upload(check.values, check.indices);
   run.Launch(false);
   std::vector<Bits> got_values(rows * k);
   std::vector<int32_t> got_indices(rows * k);
@@ -73,10 +83,7 @@ int64_t Check(const char* name, std::mt19937& rng, int64_t rows, merge_runs::Sha
   const cudaError_t status = cudaDeviceSynchronize();
   const int64_t bad = check.Mismatches(name, got_values, got_indices, merge_runs::kNotRuns,
                                        cudaGetErrorString(status));
-  cudaFree(run.values);
-  cudaFree(run.indices);
-  cudaFree(run.out_values);
-  cudaFree(run.out_indices);
+  run.Free();
   return bad + (status != cudaSuccess);
 }
 
@@ -109,22 +116,10 @@ double CopyRate(size_t bytes) {
   void *a, *b;
   cudaMalloc(&a, bytes);
   cudaMalloc(&b, bytes);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> ms;
-  for (int repeat = 0; repeat < 21; ++repeat) {
-    cudaEventRecord(start);
-    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float elapsed;
-    cudaEventElapsedTime(&elapsed, start, stop);
-    if (repeat > 0) ms.push_back(elapsed);
-  }
+  const float us = TimeUs([&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice); });
   cudaFree(a);
   cudaFree(b);
-  return 2.0 * bytes / (MedianUs(ms) * 1e-6);
+  return 2.0 * bytes / (us * 1e-6);
 }
 
 // 5536 rows of 8 lists of 2048, k = 2048, sorted output: the probe on sorted lists (with and
@@ -142,12 +137,7 @@ int64_t Bench(const char* dtype, std::mt19937& rng, int sms, double copy_rate) {
     std::vector<int32_t> indices;
     merge_runs::MakeRows<Values>(rng, rows, lists, per_list, kind, &values, &indices);
     Run<Values> run{nullptr, nullptr, nullptr, nullptr, rows, width, k, sms};
-    cudaMalloc(&run.values, values.size() * sizeof(Bits));
-    cudaMalloc(&run.indices, indices.size() * 4);
-    cudaMalloc(&run.out_values, rows * k * sizeof(Bits));
-    cudaMalloc(&run.out_indices, rows * k * 4);
-    cudaMemcpy(run.values, values.data(), values.size() * sizeof(Bits), cudaMemcpyHostToDevice);
-    cudaMemcpy(run.indices, indices.data(), indices.size() * 4, cudaMemcpyHostToDevice);
+    run.Upload(values, indices);
     const char* input = kind == 0 ? "sorted lists" : "unsorted lists";
     const auto row = [&](const char* variant, float us) {
       std::printf("| %s | 5536 x 8 x 2048, %s | %s | %.1f | %.1f | %.2fx |\n", dtype, input,
@@ -189,10 +179,7 @@ int64_t Bench(const char* dtype, std::mt19937& rng, int sms, double copy_rate) {
     }
     cudaFree(today_values);
     cudaFree(today_indices);
-    cudaFree(run.values);
-    cudaFree(run.indices);
-    cudaFree(run.out_values);
-    cudaFree(run.out_indices);
+    run.Free();
   }
   return bad;
 }
