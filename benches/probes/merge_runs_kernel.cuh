@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
+#include "benches/probes/merge_sorted_runs.cuh"
 #include "common/topk_common.h"
 #include "common/value_traits.h"
-#include "kernels/merge_sorted_runs.cuh"
 
 #ifdef __CUDACC__
 #include "kernels/l2_prefetch.cuh"
@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // 2. The merge tree, then the winners in rank order; no-candidate entries (R = 0) rank last.
     uint16_t* const places[2] = {s.places[0], s.places[1]};
-    const jax_topk::sorted_runs::Merged merged =
-        jax_topk::sorted_runs::MergeRuns<kThreads>(s.rank, places, s.sequences, runs, width, k);
+    const jax_topk::sorted_runs::Merged merged = jax_topk::sorted_runs::MergeRuns<kThreads>(
+        [&](int place) { return s.rank[place]; }, places, s.sequences, runs, width, k);
     for (int slot = threadIdx.x; slot < k; slot += kThreads) {
       const uint64_t rank = slot < merged.length ? s.rank[merged.Place(slot)] : 0;
       out_values[row * k + slot] =

@@ -1,16 +1,16 @@
-// merge_topk's sorted-runs path: a row that is a few runs each in rank order (the lists of
-// top_k(sorted=True) calls, -1 slots last) merged instead of selected. The top k of a union
-// is the top k of the union of each part's top k, so:
+// A sorted-runs merge for merge_topk (a probe, not in the product): a row that is a few runs
+// each in rank order (the lists of top_k(sorted=True) calls, -1 slots last) merged instead of
+// selected. The top k of a union is the top k of the union of each part's top k, so:
 // 1. The caller finds the runs: a place whose 64-bit rank key (ordered key << 32 | ~column,
 //    0 for no candidate) is above its left neighbour's starts one. At most kMaxRuns.
 // 2. MergeRuns: the runs, cut to k, merged in pairs level by level, each output cut to k,
 //    as 16-bit places into the rank keys, ping-ponged between two buffers. Within a level all
-//    pairs' outputs form one range split evenly over the block's threads; each finds its first
-//    output's sources by a binary search (co-rank; ties to the left run: equal rank keys are
-//    equal (value, column) pairs, whose bits are the same whichever goes first), then merges
-//    its share.
-// Shared by the register kernel (merge_in_registers.cuh) and its probe
-// (benches/probes/merge_runs.cu); no CUDA-only call, so host_simt.h can run it on the host.
+//    pairs' outputs form one range split over the block's threads (an odd count each); each
+//    finds its first output's sources by a binary search (co-rank; ties to the left run:
+//    equal rank keys are equal (value, column) pairs, whose bits are the same whichever goes
+//    first), then merges its share.
+// The merge of benches/probes/merge_runs.cu (tried inside the register kernel too and taken
+// out again: benches/NOTES.md); no CUDA-only call, so host_simt.h can run it on the host.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +30,9 @@ struct Sequences {
 
 // One level: the sequences of parity `level % 2` merged in pairs into places[1 - level % 2];
 // thread 0 records the next level's sequences. Every thread calls it; no barrier inside.
-template <int kThreads>
-__device__ void MergeLevel(const uint64_t* rank, uint16_t* const (&places)[2], Sequences& seq,
+// rank(place): the place's 64-bit rank key.
+template <int kThreads, class RankOf>
+__device__ void MergeLevel(const RankOf& rank, uint16_t* const (&places)[2], Sequences& seq,
                            int level, int k) {
   const int src = level % 2, dst = 1 - src;
   const bool implicit = level == 0;  // level 0's sequences are runs of `rank` itself
@@ -45,7 +46,9 @@ __device__ void MergeLevel(const uint64_t* rank, uint16_t* const (&places)[2], S
     pair_start[pair + 1] = pair_start[pair] + min(k, a + b);
   }
   const int total = pair_start[pairs];
-  const int share = (total + kThreads - 1) / kThreads;
+  // An odd share: a warp's threads then start their sequential walks in different banks
+  // (an even one, 16 at 8 x 2048, put every lane's 8-byte key reads in one bank pair).
+  const int share = (total + kThreads - 1) / kThreads | 1;
   int first = static_cast<int>(threadIdx.x) * share;
   const int end = min(total, first + share);
   const uint16_t* const from = places[src];
@@ -70,7 +73,7 @@ __device__ void MergeLevel(const uint64_t* rank, uint16_t* const (&places)[2], S
     int lo = max(0, p - b), hi = min(p, a);
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (rank[place_a(mid - 1)] >= rank[place_b(p - mid)]) {
+      if (rank(place_a(mid - 1)) >= rank(place_b(p - mid))) {
         lo = mid;
       } else {
         hi = mid - 1;
@@ -78,17 +81,17 @@ __device__ void MergeLevel(const uint64_t* rank, uint16_t* const (&places)[2], S
     }
     int i = lo, j = p - lo;
     int next_a = i < a ? place_a(i) : 0, next_b = j < b ? place_b(j) : 0;
-    uint64_t rank_a = i < a ? rank[next_a] : 0, rank_b = j < b ? rank[next_b] : 0;
+    uint64_t rank_a = i < a ? rank(next_a) : 0, rank_b = j < b ? rank(next_b) : 0;
     uint16_t* const out = places[dst] + pair_start[pair];
     for (int o = p; o < stop; ++o) {
       const bool take_a = j >= b || (i < a && rank_a >= rank_b);
       out[o] = static_cast<uint16_t>(take_a ? next_a : next_b);
       if (take_a) {
         ++i;
-        if (i < a) next_a = place_a(i), rank_a = rank[next_a];
+        if (i < a) next_a = place_a(i), rank_a = rank(next_a);
       } else {
         ++j;
-        if (j < b) next_b = place_b(j), rank_b = rank[next_b];
+        if (j < b) next_b = place_b(j), rank_b = rank(next_b);
       }
     }
     first = pair_start[pair] + stop;
@@ -102,7 +105,7 @@ __device__ void MergeLevel(const uint64_t* rank, uint16_t* const (&places)[2], S
   }
 }
 
-// Where the merged row lies: slot s of the output is rank[place(s)] for s < length.
+// Where the merged row lies: slot s of the output is the row's place Place(s), s < length.
 struct Merged {
   const uint16_t* places;  // null: the row was one run, place(s) = start + s
   int start, length;
@@ -114,8 +117,8 @@ struct Merged {
 // The runs of a row of `width` rank keys merged to its top k in rank order. On entry (after a
 // barrier): seq.start[0][1 .. runs - 1] hold the places that start a run after place 0, in any
 // order, runs <= kMaxRuns. Every thread calls it; it ends after a barrier.
-template <int kThreads>
-__device__ Merged MergeRuns(const uint64_t* rank, uint16_t* const (&places)[2], Sequences& seq,
+template <int kThreads, class RankOf>
+__device__ Merged MergeRuns(const RankOf& rank, uint16_t* const (&places)[2], Sequences& seq,
                             int runs, int width, int k) {
   if (threadIdx.x == 0) {  // the run starts in place order (the caller's atomics' order is not)
     int32_t* const starts = seq.start[0];
