@@ -451,3 +451,45 @@ def test_fine_bucket_rank_gpu_equals_cpu(dtype, k):
     for sorted_ in (True, False):
         got = run_merge("gpu", values, indices, k, sorted_)
         assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")
+
+
+def in_rank_order(values, columns, lists):
+    """Each of a row's `lists` equal parts reordered as top_k(sorted=True) returns a list:
+    value descending (+0 before -0), then column ascending, entries of column -1 last (NaN
+    after the numbers, as a hand-built list might hold it)."""
+    values, columns = values.reshape(lists, -1).copy(), columns.reshape(lists, -1).copy()
+    for s in range(lists):
+        as_float = values[s].astype(np.float32)
+        keys = (columns[s], np.signbit(as_float), -as_float, np.isnan(as_float), columns[s] < 0)
+        order = np.lexsort(keys)
+        values[s], columns[s] = values[s, order], columns[s, order]
+    return values.reshape(-1), columns.reshape(-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize(
+    "lists,per_list,k",
+    [(8, 2048, 2048), (8, 2048, 333), (16, 1024, 2048), (17, 512, 1000), (2, 8, 1), (1, 4096, 7)],
+)
+def test_rank_order_lists_gpu_equals_cpu(dtype, lists, per_list, k):
+    """Lists in rank order, as top_k(sorted=True) returns them (merge_topk's common input: a
+    running top-k, split-KV decode), against the CPU handler bit for bit: every value family
+    in every wide_lists layout; among them, in random order, the same lists shuffled, so that
+    persistent blocks meet both kinds of row; 1 to 17 lists."""
+    rng = np.random.default_rng(lists * 31 + per_list + k)
+    rows = []
+    for family in families.FAMILIES:
+        for layout in ("unequal", "same_everywhere", "one_list_wins", "repeated"):
+            values, columns = in_rank_order(
+                *wide_lists(rng, lists, per_list, dtype, family, layout), lists
+            )
+            rows.append((values, columns))
+            order = rng.permutation(values.size)
+            rows.append((values[order], columns[order]))
+    rows = [rows[i] for i in rng.integers(0, len(rows), 301)]  # more rows than an H200's SMs
+    values, indices = np.stack([v for v, _ in rows]), np.stack([i for _, i in rows])
+    for sorted_ in (True, False):
+        got = run_merge("gpu", values, indices, k, sorted_)
+        assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")

@@ -46,11 +46,17 @@ def _periodic_rows(rng, rows, n):
 
 def _merge_cases(gpu, cpu, rng):
     """merge_topk: the row-in-registers kernel (8 lists of 2048; a width not a multiple of 4;
-    tied rows; the fine-bucket rank's row kinds) and the one past 16384 candidates, with -1
-    entries and NaN."""
-    from tests.test_merge_topk import fine_bucket_rows
+    tied rows; the fine-bucket rank's row kinds; 8 lists in rank order in about half of more
+    rows than SMs) and the one past 16384 candidates, with -1 entries and NaN."""
+    from tests.test_merge_topk import fine_bucket_rows, in_rank_order
 
-    cases = [(32, 16384, 2048), (16, 5997, 1500), (4, 40000, 2048), (12, 16384, 2048)]
+    cases = [
+        (32, 16384, 2048),
+        (16, 5997, 1500),
+        (4, 40000, 2048),
+        (12, 16384, 2048),
+        (140, 16384, 2048),
+    ]
     for rows, m, k in cases:
         values = rng.standard_normal((rows, m), np.float32)
         values[::3] = np.round(values[::3])
@@ -60,9 +66,12 @@ def _merge_cases(gpu, cpu, rng):
         for dtype in (np.float32, jax.numpy.bfloat16):
             if rows == 12:
                 values, indices = fine_bucket_rows(rng, rows, dtype, k)
+            inputs = (values.astype(dtype), indices.copy())
+            if rows == 140:  # about half the rows, at random, in rank order
+                for r in np.flatnonzero(rng.random(rows) < 0.5):
+                    inputs[0][r], inputs[1][r] = in_rank_order(inputs[0][r], inputs[1][r], 8)
             for sorted_ in (True, False):
                 call = jax.jit(lambda v, i, k=k, o=sorted_: jax_topk.merge_topk(v, i, k, sorted=o))
-                inputs = (values.astype(dtype), indices)
                 got = call(*jax.device_put(inputs, gpu))
                 want = call(*jax.device_put(inputs, cpu))
                 for a, b in zip(got, want):
