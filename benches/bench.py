@@ -51,7 +51,7 @@ class Shape:
     rows: int
     n: int
     k: int
-    lengths: str  # "full", "causal" or "valid=9000"
+    lengths: str  # "full", "causal" or "valid=9000"; merge_topk: "full" or "sorted" lists
     page_size: int = 1
     heads: int = 0  # the indexer's H and D (its rows are query rows, its n the keys)
     head_dim: int = 0
@@ -163,9 +163,10 @@ def gpu_shapes() -> list[Shape]:
         Shape("top_k", "float32", 64, 131072, 4096, "full"),
     ]
     shapes += [  # eight column shards' candidates: split-KV decode, a context-parallel prefill
-        Shape(merge.OP, dtype, rows, 8 * 2048, 2048, "full")
+        Shape(merge.OP, dtype, rows, 8 * 2048, 2048, lists)
         for dtype in ("float32", "bfloat16")
         for rows in (32, 5536)
+        for lists in ("full", "sorted")  # lists in no order / in rank order
     ]
     shapes += indexer_shapes(  # decode (1 and 32 queries), prefill chunks
         ((1, 131072), (32, 131072), (128, 65536), (512, 65536), (2048, 32768), (4096, 131072)),

@@ -3,7 +3,8 @@ what a JAX user writes today), the floor and the check.
 
 A shape `merge_topk <dtype> <rows>x<n> k=<k>` is n / k candidate lists of k a row, as that
 many column shards' top_k results arrive: random normal values, each list's global columns
-distinct and ascending inside its own shard's range. The peers merge the way a JAX user
+distinct and ascending inside its own shard's range (`sorted`: each list in rank order, as
+top_k(sorted=True) returns it; `full`: in no order). The peers merge the way a JAX user
 would without us: `jax.lax.top_k` over the concatenated values, then the columns gathered
 at its positions; `torch.topk` the same. The floor reads every candidate's value and column once.
 """
@@ -31,7 +32,8 @@ def input_bytes(shape) -> int:
 
 
 def make_inputs(shape, sets: int, seed: int) -> list[tuple]:
-    """`sets` pairs (values [rows, n], columns [rows, n] int32)."""
+    """`sets` pairs (values [rows, n], columns [rows, n] int32); with `lengths` "sorted" each
+    list's values descending (as top_k(sorted=True) returns a list), else in no order."""
     base = jax.random.key(seed)
     shard_offsets = SHARD_COLUMNS * jnp.arange(lists(shape))[None, :, None]
     out = []
@@ -42,6 +44,11 @@ def make_inputs(shape, sets: int, seed: int) -> list[tuple]:
         stride = SHARD_COLUMNS // shape.k
         jitter = jax.random.randint(columns_key, (shape.rows, lists(shape), shape.k), 0, stride)
         columns = stride * jnp.arange(shape.k) + jitter + shard_offsets
+        if shape.lengths == "sorted":  # distinct columns: (value, column) order is value order
+            per_list = values.reshape(shape.rows, lists(shape), shape.k)
+            order = jnp.argsort(-per_list.astype(jnp.float32), axis=-1, stable=True)
+            values = jnp.take_along_axis(per_list, order, axis=-1).reshape(values.shape)
+            columns = jnp.take_along_axis(columns, order, axis=-1)
         out.append((values, columns.reshape(shape.rows, shape.n).astype(jnp.int32)))
     return out
 
