@@ -26,7 +26,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ._contract import Operands, Params
 from ._indexer_contract import LOGITS, IndexerOperands, IndexerParams
 from ._indexer_lowering import indexer_call_p, native_operands
-from ._sharding import _shard_index, _split_axes, column_lengths, column_shard_call
+from ._sharding import (
+    _shard_index,
+    _split_axes,
+    column_lengths,
+    column_shard_call,
+    traced_without_mesh,
+)
 
 
 def _bind(params: IndexerParams, *operands):
@@ -141,6 +147,7 @@ def _partition(params: IndexerParams, mesh, arg_shapes, result_shape):
     shapes = IndexerOperands(*arg_shapes)
     queries, n = shapes.q.shape[1], shapes.keys.shape[1]
 
+    @traced_without_mesh
     def local_call(*local):
         local = IndexerOperands(*local)
         if params.has_num_valid_rows and query_axes:

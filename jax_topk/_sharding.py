@@ -26,6 +26,7 @@ environment variable JAX_TOPK_COLUMN_MERGE sets its start value):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 
@@ -178,6 +179,24 @@ def column_shard_call(params: Params, local: Operands, *, mesh, n: int, offset, 
     return (columns, values) if params.with_values else (columns,)
 
 
+_NO_MESH = jax.sharding.AbstractMesh((), ())
+
+
+def traced_without_mesh(local_call):
+    """A partition function's per-device body, traced with no mesh in context. It is traced
+    after the partitioner has run: under `jax.set_mesh` with Explicit axes its jnp ops would
+    otherwise add sharding constraints that nothing is left to consume, and the compile
+    fails ("No registered implementation for untyped custom call to Sharding"). Its
+    collectives and axis indices name the mesh axes, which stay bound."""
+
+    @functools.wraps(local_call)
+    def without_mesh(*local):
+        with jax.sharding.use_abstract_mesh(_NO_MESH):
+            return local_call(*local)
+
+    return without_mesh
+
+
 def _partition(params: Params, mesh, arg_shapes, result_shape):
     """One partition function for rows split, columns split, both, or neither."""
     del result_shape
@@ -185,6 +204,7 @@ def _partition(params: Params, mesh, arg_shapes, result_shape):
     arg_shardings, result_shardings = _shardings(params, mesh, row_axes, column_axes)
     rows, n = Operands(*arg_shapes).scores.shape
 
+    @traced_without_mesh
     def local_call(*local):
         local = Operands(*local)
         local_rows, local_n = local.scores.shape

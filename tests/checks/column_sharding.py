@@ -215,7 +215,7 @@ def check_gradient(shape, names, spec, axis_type, rng):
 
 
 def check_merge_under_set_mesh(rng):
-    """merge_topk (kernel and exact paths) and its gradient, and top_k's exact path, inside
+    """merge_topk (kernel and exact paths) and its gradient, and top_k (both paths), inside
     jax.set_mesh with Explicit axes, over rows, candidates or both split: the same bits as
     unsharded (lax.sort wants its operands sharded alike, the iotas included)."""
     mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
@@ -234,13 +234,12 @@ def check_merge_under_set_mesh(rng):
                 for g, w in zip(merge(*put), want_merge):
                     assert_same_bits(g, w, f"merge_topk {operand.dtype} k={k} {spec}")
                 checks += 1
-                # top_k's exact path only: its kernels with the columns split inside set_mesh
-                # fail to compile on jax 0.12 ("No registered implementation for untyped
-                # custom call to Sharding for Host"; fine on 0.10.2 and without set_mesh).
-                if operand.dtype == np.int32:
-                    for g, w in zip(top_k(put[0]), want_top_k):
-                        assert_same_bits(g, w, f"top_k {operand.dtype} k={k} {spec}")
-                    checks += 1
+                # The kernels' path too: before the partition bodies were traced without the
+                # mesh, jax 0.12 failed to compile it with the columns split ("No registered
+                # implementation for untyped custom call to Sharding").
+                for g, w in zip(top_k(put[0]), want_top_k):
+                    assert_same_bits(g, w, f"top_k {operand.dtype} k={k} {spec}")
+                checks += 1
                 if operand.dtype == np.float32 and k == 10:
                     loss = jax.jit(
                         jax.grad(lambda v, i: (weights * jax_topk.merge_topk(v, i, 10)[0]).sum())

@@ -179,6 +179,32 @@ def check_fallback_key_sharding(rng):
     return 2
 
 
+def check_under_set_mesh(rng):
+    """Both ops inside jax.set_mesh with Explicit axes, the queries, the keys or both split,
+    with num_valid_rows: the same bits as unsharded (jax 0.12 failed to compile these before
+    the partition bodies were traced without the mesh)."""
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    q, keys, weights = make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family="repeated_keys")
+    lengths = boundary_lengths(rng)
+    topk = jax.jit(lambda a, b, c, d, v: jax_topk.indexer_topk(a, b, c, d, k=40, num_valid_rows=v))
+    logits = jax.jit(jax_topk.indexer_logits)
+    plain = (q, keys, weights, lengths)
+    want_topk, want_logits = topk(*plain, np.int32(13)), logits(*plain)
+    checks = 0
+    for row_axis, key_axis in (("x", None), (None, "y"), ("x", "y")):
+        with jax.set_mesh(mesh):
+            specs = (P(row_axis, None, None), P(key_axis, None), P(row_axis, None), P(row_axis))
+            sharded = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(plain, specs)]
+            got = topk(*sharded, np.int32(13))
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want_topk), "set_mesh topk")
+            got = logits(*sharded)
+            np.testing.assert_array_equal(
+                np.asarray(got).view(np.uint32), np.asarray(want_logits).view(np.uint32)
+            )
+        checks += 2
+    return checks
+
+
 def main():
     assert len(jax.devices()) == 8, jax.devices()
     rng = np.random.default_rng(31)
@@ -263,6 +289,7 @@ def main():
     checks = sum(check_key_layout(*layout, rng) for layout in KEY_LAYOUTS)
     checks += check_key_sharded_sequences(rng)
     checks += check_fallback_key_sharding(rng)
+    checks += check_under_set_mesh(rng)
     print(
         f"indexer context parallelism ({_sharding.COLUMN_MERGE}): {checks} key-sharded calls "
         "equal the unsharded ones, only the candidates cross devices"
