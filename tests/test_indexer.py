@@ -224,6 +224,17 @@ def test_logits_without_lengths_cover_every_key(backend):
     assert (np.abs(got - want) <= TOLERANCE[BF16] * scale).all()
 
 
+def test_logit_of_no_positive_head_is_plus_zero(backend):
+    """A key that no head scores above 0 has logit +0 on every backend, negative weights
+    included (each term is then -0): the sum starts at +0, as the stated order says, so
+    the selection's order between -0 and +0 never tells the backends apart."""
+    rng = np.random.default_rng(12)
+    q, keys, weights = make_inputs(rng, 6, HEADS, HEAD_DIM, 200, family="all_negative")
+    for signed in (weights, -weights, weights * np.where(rng.random(weights.shape) < 0.5, -1, 1)):
+        got = run(jax_topk.indexer_logits, backend, q, keys, signed.astype(np.float32))
+        np.testing.assert_array_equal(got.view(np.uint32), np.zeros(got.shape, np.uint32))
+
+
 def test_deterministic_run_to_run(backend):
     rng = np.random.default_rng(8)
     q, keys, weights = make_inputs(rng, 64, HEADS, HEAD_DIM, 2000)
