@@ -60,15 +60,22 @@ def place_and_rank(rng, code, shift, limit, only_straddling):
     return placed, ranks, (single, slowest)
 
 
-def fine_row(rng, values, columns, k, sorted_):
-    """The kernel's sampled path with the fine rank for one row: (why it fell back or None,
-    stats, winners (keys, columns) in output order)."""
+def kept_in_slot_order(values, columns, k):
+    """The row's ordered keys and the sampled path's kept positions in the kernel's slot
+    order (each thread's kept items in a run, threads ascending)."""
     keys, key_bits = ordered_keys(values, columns)
     width = len(keys)
     threshold = cutoff(keys[sample_positions(width)], sample_rank(k, width), key_bits)
     positions = np.arange(width)
     thread_major = np.lexsort((positions % 4, positions // 2048, (positions // 4) % THREADS))
     kept = thread_major[(keys[thread_major] != 0) & (keys[thread_major] >= np.uint64(threshold))]
+    return keys, kept
+
+
+def fine_row(rng, values, columns, k, sorted_):
+    """The kernel's sampled path with the fine rank for one row: (why it fell back or None,
+    stats, winners (keys, columns) in output order)."""
+    keys, kept = kept_in_slot_order(values, columns, k)
     taken = min(k, int(np.count_nonzero(keys)))
     if len(kept) < taken or len(kept) > LIST_CAPACITY:
         return "kept", None, None

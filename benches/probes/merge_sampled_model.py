@@ -124,7 +124,7 @@ def reference(values, columns, k):
 
 
 def bench_rows(rng, rows, dtype, lists_sorted):
-    """merge_rows.py's inputs (normal values, each list's columns ascending), or each list
+    """The bench's merge inputs (normal values, each list's columns ascending), or each list
     sorted by value descending as top_k(sorted=True) returns it."""
     for _ in range(rows):
         values = rng.standard_normal(8 * 2048).astype(np.float32).astype(dtype)

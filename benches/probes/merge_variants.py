@@ -79,7 +79,7 @@ def main():
     print(f"copy bandwidth {tbps:.2f} TB/s", flush=True)
     table = []
     for dtype in (jnp.float32, jnp.bfloat16):
-        sets = candidate_sets(4, dtype)
+        sets = candidate_sets(4, dtype, "full")
         floor_us = ROWS * SHARDS * K * (jnp.dtype(dtype).itemsize + 4) / (tbps * 1e6)
         for sorted_ in (True, False):
             want = None
