@@ -1,8 +1,9 @@
 // CPU top-k for every target and score type: per row, an exact radix select on the ordered key (a
 // histogram pass over the row for the top digit, a pass that keeps the keys in the
 // boundary's bin, then digits over that shrinking set), then one pass that takes every key
-// above the k-th largest and, of the keys equal to it, the lowest columns. O(n) per row,
-// never a sort of the row; rows are spread over the host's cores.
+// above the k-th largest and, of the keys equal to it, the lowest columns; for small k, one
+// pass with a heap of the best k instead. Never a sort of the row; rows are spread over the
+// host's cores.
 #include "cpu/topk_cpu.h"
 
 #include <algorithm>
@@ -35,9 +36,77 @@ uint32_t BoundaryBin(const std::vector<uint32_t>& histogram, int64_t* needed) {
   return bin;
 }
 
+// Writes the selected (key, column) pairs' columns in the output order (rank order when
+// sorted, else ascending columns), then kEmptySlot up to k.
+void WriteSelected(std::vector<TopkRowScratch::Selected>& selected, int32_t k, bool sorted,
+                   bool in_column_order, int32_t* columns_out) {
+  using Selected = TopkRowScratch::Selected;
+  if (sorted) {  // rank order: key descending, equal keys by ascending column
+    std::sort(selected.begin(), selected.end(), [](const Selected& a, const Selected& b) {
+      return a.key > b.key || (a.key == b.key && a.column < b.column);
+    });
+  } else if (!in_column_order) {
+    std::sort(selected.begin(), selected.end(),
+              [](const Selected& a, const Selected& b) { return a.column < b.column; });
+  }
+  int32_t slot = 0;
+  for (const Selected& s : selected) columns_out[slot++] = s.column;
+  for (; slot < k; ++slot) columns_out[slot] = kEmptySlot;
+}
+
+// Small k: one pass over the row keeping the k best values seen so far in a binary heap whose
+// root is the worst of them (the smallest key; of equal keys, the later column). Columns come
+// in ascending order, so a later value enters only with a key above the root's: an equal key
+// at a later column ranks below it. O(n + insertions x log k): a row in random order makes
+// about k (1 + ln(n / k)) insertions, but a rising row one a value, so past a budget of
+// insertions the row goes to the radix select instead (returns false, nothing written).
+// Measured against the radix select (benches/NOTES.md "the CPU handler's small k"): faster
+// for k <= 32, and for k <= n / 256.
+constexpr bool HeapServes(int64_t length, int32_t k) {
+  return k <= 32 || k <= length / 256;
+}
+
 template <typename Scores>
-void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool sorted,
-               TopkRowScratch& scratch, int32_t* columns_out) {
+bool SelectRowByHeap(const typename Scores::Bits* row, int64_t length, int32_t k, bool sorted,
+                     TopkRowScratch& scratch, int32_t* columns_out) {
+  using Selected = TopkRowScratch::Selected;
+  // The heap's order: `a` sits below `b` (nearer the root) when it ranks below b.
+  const auto ranks_below = [](const Selected& a, const Selected& b) {
+    return a.key < b.key || (a.key == b.key && a.column > b.column);
+  };
+  const auto heap_order = [&](const Selected& a, const Selected& b) { return ranks_below(b, a); };
+  std::vector<Selected>& heap = scratch.selected;
+  heap.clear();
+  int64_t j = 0;
+  for (; j < length && static_cast<int32_t>(heap.size()) < k; ++j) {  // the first k candidates
+    if (Scores::IsNan(row[j])) continue;
+    heap.push_back({Scores::Key(row[j]), static_cast<int32_t>(j)});
+  }
+  std::make_heap(heap.begin(), heap.end(), heap_order);
+  uint32_t worst = heap.empty() ? 0 : heap.front().key;  // entry needs a larger key
+  // Insertions before giving up: a random row's k (1 + ln(n / k)) is at most 6.6 k where the
+  // heap serves (k <= n / 256, or n <= 32 k: ln 32 < 3.5); a rising row spends the budget and
+  // then the radix select's time (measured: at most ~1.5x the radix select alone).
+  int64_t budget = length / 64 + 8 * int64_t{k};
+  for (; j < length; ++j) {
+    const typename Scores::Bits bits = row[j];
+    if (Scores::IsNan(bits)) continue;
+    const uint32_t key = Scores::Key(bits);
+    if (key <= worst) continue;
+    if (--budget < 0) return false;
+    std::pop_heap(heap.begin(), heap.end(), heap_order);
+    heap.back() = {key, static_cast<int32_t>(j)};
+    std::push_heap(heap.begin(), heap.end(), heap_order);
+    worst = heap.front().key;
+  }
+  WriteSelected(heap, k, sorted, /*in_column_order=*/false, columns_out);
+  return true;
+}
+
+// Any k: the radix select of the file's opening comment.
+template <typename Scores>
+void SelectRowByRadix(const typename Scores::Bits* row, int64_t length, int32_t k, bool sorted,
+                      TopkRowScratch& scratch, int32_t* columns_out) {
   // Pass 1 over the row: histogram of the top digit of every candidate's key.
   constexpr auto& kDigitBits = RadixDigits<Scores::kKeyBits>::kBits;
   constexpr int kTopBits = kDigitBits[0];
@@ -91,15 +160,17 @@ void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool
       selected.push_back({key, static_cast<int32_t>(j)});
     }
   }
-  if (sorted) {  // rank order: key descending; stable keeps equal keys by ascending column
-    std::stable_sort(selected.begin(), selected.end(),
-                     [](const TopkRowScratch::Selected& a, const TopkRowScratch::Selected& b) {
-                       return a.key > b.key;
-                     });
+  WriteSelected(selected, k, sorted, /*in_column_order=*/true, columns_out);
+}
+
+template <typename Scores>
+void SelectRow(const typename Scores::Bits* row, int64_t length, int32_t k, bool sorted,
+               TopkRowScratch& scratch, int32_t* columns_out) {
+  if (HeapServes(length, k) &&
+      SelectRowByHeap<Scores>(row, length, k, sorted, scratch, columns_out)) {
+    return;
   }
-  int32_t slot = 0;
-  for (const TopkRowScratch::Selected& s : selected) columns_out[slot++] = s.column;
-  for (; slot < k; ++slot) columns_out[slot] = kEmptySlot;
+  SelectRowByRadix<Scores>(row, length, k, sorted, scratch, columns_out);
 }
 
 // Row r's results from its scores `row` (read only when the row is valid).
