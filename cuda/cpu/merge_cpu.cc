@@ -1,7 +1,8 @@
 // merge_topk on the CPU, per row: the candidates (column >= 0, value not NaN) as (ordered
 // key, column) pairs, std::nth_element to the k best by (key descending, column
-// ascending), then a sort of those k into the requested order. O(m) per row on average.
-// The values written back are rebuilt from the keys (common/value_traits.h).
+// ascending), then a sort of those k into the requested order. O(m) per row on average;
+// rows are spread over the host's cores. The values written back are rebuilt from the keys
+// (common/value_traits.h).
 #include "cpu/merge_cpu.h"
 
 #include <algorithm>
@@ -25,12 +26,13 @@ bool ByColumn(const Candidate& a, const Candidate& b) {
   return a.column != b.column ? a.column < b.column : a.key > b.key;
 }
 
+// Rows [first_row, end_row), `candidates` a thread's own buffer.
 template <typename Values>
-void MergeRows(const MergeProblem& p) {
+void MergeRows(const MergeProblem& p, int64_t first_row, int64_t end_row,
+               std::vector<Candidate>& candidates) {
   const auto* values = static_cast<const typename Values::Bits*>(p.values);
   auto* out_values = static_cast<typename Values::Bits*>(p.out_values);
-  std::vector<Candidate> candidates;
-  for (int64_t r = 0; r < p.rows; ++r) {
+  for (int64_t r = first_row; r < end_row; ++r) {
     candidates.clear();
     for (int64_t j = r * p.width; j < (r + 1) * p.width; ++j) {
       if (p.indices[j] < 0 || Values::IsNan(values[j])) continue;
@@ -49,16 +51,25 @@ void MergeRows(const MergeProblem& p) {
   }
 }
 
+template <typename Values>
+void MergeParallel(const MergeProblem& p, const ScheduleTask& schedule, int64_t pool_threads) {
+  ParallelRows<std::vector<Candidate>>(
+      p.rows, p.width, schedule, pool_threads,
+      [&p](std::vector<Candidate>& candidates, int64_t first, int64_t end) {
+        MergeRows<Values>(p, first, end, candidates);
+      });
+}
+
 }  // namespace
 
-void MergeCpu(const MergeProblem& problem) {
+void MergeCpu(const MergeProblem& problem, const ScheduleTask& schedule, int64_t pool_threads) {
   switch (problem.score_type) {
     case ScoreType::kFloat32:
-      return MergeRows<F32Values>(problem);
+      return MergeParallel<F32Values>(problem, schedule, pool_threads);
     case ScoreType::kBfloat16:
-      return MergeRows<Bf16Values>(problem);
+      return MergeParallel<Bf16Values>(problem, schedule, pool_threads);
     case ScoreType::kFloat16:
-      return MergeRows<F16Values>(problem);
+      return MergeParallel<F16Values>(problem, schedule, pool_threads);
   }
 }
 

@@ -41,10 +41,8 @@ ffi::Error IndexerTopkOnThreadPool(ffi::ThreadPool thread_pool, const IndexerCal
   return ffi::Error::Success();
 }
 
-// Merges are short (m <= 64 x 2048 a row): the calling thread alone.
-ffi::Error MergeOnCallingThread(ffi::ThreadPool thread_pool, const MergeProblem& problem) {
-  (void)thread_pool;
-  MergeCpu(problem);
+ffi::Error MergeOnThreadPool(ffi::ThreadPool thread_pool, const MergeProblem& problem) {
+  MergeCpu(problem, ScheduleOn(thread_pool), thread_pool.num_threads());
   return ffi::Error::Success();
 }
 
@@ -61,7 +59,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkFilteredCpuHandler,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TopkSmallRowsCpuHandler,
                               (TopkHandler<kTopkSmallRowsTarget, RunOnThreadPool>::Call),
                               BindTopkOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MergeTopkCpuHandler, (MergeHandler<MergeOnCallingThread>::Call),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MergeTopkCpuHandler, (MergeHandler<MergeOnThreadPool>::Call),
                               BindMergeOperands(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IndexerLogitsCpuHandler,
