@@ -12,6 +12,7 @@
 #include <barrier>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -45,6 +46,7 @@ inline std::vector<Warp>* block_warps = nullptr;
 // dynamic shared memory, filled with 0xA5 bytes as a device's holds whatever was there.
 template <typename Kernel>
 void Launch(unsigned grid, unsigned threads, size_t shared_bytes, Kernel kernel) {
+  if (threads % 32 != 0) std::abort();  // full warps only (the shuffles' meeting places)
   grid_size = {grid, 1, 1};
   block_size = {threads, 1, 1};
   std::vector<std::max_align_t> shared((shared_bytes + sizeof(std::max_align_t) - 1) /
@@ -122,7 +124,7 @@ T __shfl_up_sync(unsigned, T value, int offset) {
 
 template <typename T>
 T __shfl_sync(unsigned, T value, int source) {
-  return host_simt::WarpPosts(value)[source % 32];
+  return host_simt::WarpPosts(value)[source & 31];  // CUDA takes the lane modulo 32
 }
 
 inline unsigned __reduce_add_sync(unsigned, unsigned value) {

@@ -42,12 +42,15 @@ wait
 tail -2 "$out/pytest.log" "$out/memcheck.log"
 measure new
 mapfile -t swapped < <(cd ab_base && find . -type f | sed 's|^\./||')
+put_back() {  # this tree's own files again, also when the old build fails
+  for path in "${swapped[@]}"; do cp "$out/kept-$(echo "$path" | tr / _)" "$path"; done
+}
 for path in "${swapped[@]}"; do
   cp "$path" "$out/kept-$(echo "$path" | tr / _)" && cp "ab_base/$path" "$path"
 done
+trap put_back EXIT
 build old
 measure old
-for path in "${swapped[@]}"; do cp "$out/kept-$(echo "$path" | tr / _)" "$path"; done
 for f in "$out"/ncu_*; do
   echo "== $f"
   grep -E "bank_conflicts|wavefronts|duration" "$f" | sed 's/  */ /g'

@@ -4,9 +4,11 @@
 // close in slot order (sorted runs: what rank-order lists' kept codes and a warp's places
 // are), crowded into one bucket (over and at the crowding limit), at the two ends of the
 // range, and empty, one and 4096 codes. The word layout (FineBuckets::WordAt) is checked
-// whole: every count lands in its own bucket and Zero() leaves every stored word zero.
+// whole: every count lands in its own bucket and Zero() leaves every stored word zero. A
+// layout whose words collide makes wrong starts, which place codes past `placed`: build with
+// AddressSanitizer so that is reported, not silent (a mismatch is printed otherwise).
 // Build and run (seconds on two cores):
-//   g++ -std=c++20 -O2 -pthread -Icuda -I. -Ibenches/probes/host_stub \
+//   g++ -std=c++20 -O1 -g -fsanitize=address -pthread -Icuda -I. -Ibenches/probes/host_stub \
 //       benches/probes/merge_fine_on_host.cc -o /tmp/mfoh
 //   /tmp/mfoh
 #include "benches/probes/host_simt.h"

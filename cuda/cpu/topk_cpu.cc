@@ -84,9 +84,10 @@ bool SelectRowByHeap(const typename Scores::Bits* row, int64_t length, int32_t k
   }
   std::make_heap(heap.begin(), heap.end(), heap_order);
   uint32_t worst = heap.empty() ? 0 : heap.front().key;  // entry needs a larger key
-  // Insertions before giving up: a random row's k (1 + ln(n / k)) is at most 6.6 k where the
-  // heap serves (k <= n / 256, or n <= 32 k: ln 32 < 3.5); a rising row spends the budget and
-  // then the radix select's time (measured: at most ~1.5x the radix select alone).
+  // Insertions before giving up: above a random row's k (1 + ln(n / k)) wherever the heap
+  // serves (k <= n / 256: at most 6.6 k against 8 k; k <= 32: at most 32 (1 + ln(n / 32)),
+  // under n / 64 + 256 for every n); a rising row spends the budget and then the radix
+  // select's time (measured: at most ~1.5x the radix select alone).
   int64_t budget = length / 64 + 8 * int64_t{k};
   for (; j < length; ++j) {
     const typename Scores::Bits bits = row[j];

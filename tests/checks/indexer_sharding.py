@@ -180,10 +180,10 @@ def check_fallback_key_sharding(rng):
 
 
 def check_under_set_mesh(rng):
-    """Both ops inside jax.set_mesh with Explicit axes, the queries, the keys or both split,
-    with num_valid_rows: the same bits as unsharded (jax 0.12 failed to compile these before
-    the partition bodies were traced without the mesh)."""
-    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    """Both ops inside jax.set_mesh (Explicit and Auto axes), the queries, the keys or both
+    split, with num_valid_rows: the same bits as unsharded, and with the keys split only the
+    candidates cross devices (jax 0.12 failed to compile these under Explicit axes before the
+    partition bodies were traced without the mesh)."""
     q, keys, weights = make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family="repeated_keys")
     lengths = boundary_lengths(rng)
     topk = jax.jit(lambda a, b, c, d, v: jax_topk.indexer_topk(a, b, c, d, k=40, num_valid_rows=v))
@@ -191,17 +191,22 @@ def check_under_set_mesh(rng):
     plain = (q, keys, weights, lengths)
     want_topk, want_logits = topk(*plain, np.int32(13)), logits(*plain)
     checks = 0
-    for row_axis, key_axis in (("x", None), (None, "y"), ("x", "y")):
-        with jax.set_mesh(mesh):
-            specs = (P(row_axis, None, None), P(key_axis, None), P(row_axis, None), P(row_axis))
-            sharded = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(plain, specs)]
-            got = topk(*sharded, np.int32(13))
-            np.testing.assert_array_equal(np.asarray(got), np.asarray(want_topk), "set_mesh topk")
-            got = logits(*sharded)
-            np.testing.assert_array_equal(
-                np.asarray(got).view(np.uint32), np.asarray(want_logits).view(np.uint32)
-            )
-        checks += 2
+    for axis_type in (jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto):
+        mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(axis_type,) * 2)
+        for row_axis, key_axis in (("x", None), (None, "y"), ("x", "y")):
+            with jax.set_mesh(mesh):
+                specs = (P(row_axis, None, None), P(key_axis, None), P(row_axis, None), P(row_axis))
+                sharded = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(plain, specs)]
+                got = topk(*sharded, np.int32(13))
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want_topk), "topk")
+                got = logits(*sharded)
+                np.testing.assert_array_equal(
+                    np.asarray(got).view(np.uint32), np.asarray(want_logits).view(np.uint32)
+                )
+                if key_axis is not None:
+                    moved = assert_only_candidates_move(topk, (*sharded, np.int32(13)), N // 4)
+                    assert moved > 0, "no candidates crossed devices: the keys were not split"
+            checks += 2
     return checks
 
 
