@@ -3,8 +3,7 @@
 // each bucket's start and end read back, for code sets whose buckets are spread at random,
 // close in slot order (sorted runs: what rank-order lists' kept codes and a warp's places
 // are), crowded into one bucket (over and at the crowding limit), at the two ends of the
-// range, and empty, one and 4096 codes. The word layout (FineBuckets::WordAt) is checked
-// whole: every count lands in its own bucket and Zero() leaves every stored word zero. A
+// range, and empty, one and 4096 codes. The word layout is checked whole: every count lands in its own bucket and Zero() leaves every stored word zero. A
 // layout whose words collide makes wrong starts, which place codes past `placed`: build with
 // AddressSanitizer so that is reported, not silent (a mismatch is printed otherwise).
 // Build and run (seconds on two cores):
@@ -26,6 +25,7 @@ constexpr int kSlots = 8;  // merge_in_registers.cuh's kListSlots: 4096 codes
 constexpr int kCodes = kThreads * kSlots;
 constexpr uint32_t kMaxBucket = 64;
 using Fine = jax_topk::merge_registers::FineBuckets<kThreads>;
+constexpr int kStored = sizeof(Fine::words) / sizeof(uint32_t);  // every word, unused ones too
 
 struct Outcome {
   bool placed_ok;
@@ -59,13 +59,13 @@ Outcome RunBlock(const std::vector<uint64_t>& codes, int shift, uint32_t limit,
         out.ends[b] = fine.End(b, n);
       }
     } else {  // the words must be zero again already
-      for (int w = threadIdx.x; w < Fine::kStoredWords; w += kThreads)
+      for (int w = threadIdx.x; w < kStored; w += kThreads)
         if (fine.words[w] != 0) out.zero_after = false;
     }
     __syncthreads();
     fine.Zero();
     __syncthreads();
-    for (int w = threadIdx.x; w < Fine::kStoredWords; w += kThreads)
+    for (int w = threadIdx.x; w < kStored; w += kThreads)
       if (fine.words[w] != 0) out.zero_after = false;
   });
   return out;
