@@ -197,10 +197,32 @@ def check_merge_operands(values, indices) -> tuple[tuple[int, ...], int]:
     return tuple(values.shape[:-1]), values.shape[-1]
 
 
+def check_bool(op: str, name: str, flag) -> bool:
+    if not isinstance(flag, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be a Python bool, got {flag!r}")
+    return bool(flag)
+
+
 def check_sorted(op: str, sorted_) -> bool:
-    if not isinstance(sorted_, (bool, np.bool_)):
-        raise TypeError(f"{op}: sorted must be a Python bool, got {sorted_!r}")
-    return bool(sorted_)
+    return check_bool(op, "sorted", sorted_)
+
+
+def check_axis(op: str, axis, operand) -> int:
+    """The axis a top-k runs along, as a non-negative int (`operand` needs a dimension)."""
+    if operand.ndim < 1:
+        raise ValueError(
+            f"{op}: operand must have at least one dimension, got shape {operand.shape}"
+        )
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(
+            f"{op}: axis must be a Python int, got {axis!r} of type {type(axis).__name__}"
+        )
+    if not -operand.ndim <= axis < operand.ndim:
+        raise ValueError(
+            f"{op}: axis={axis} is out of range for an operand of {operand.ndim} dimensions; "
+            f"it must satisfy {-operand.ndim} <= axis < {operand.ndim}"
+        )
+    return int(axis) % operand.ndim
 
 
 def shape_rule(*avals, params: Params):

@@ -204,21 +204,26 @@ def _values_and_indices_jvp(k, sorted, primals, tangents):
     return (values, indices), (values_dot, np.zeros(indices.shape, jax.dtypes.float0))
 
 
-def top_k(operand, k, *, lengths=None, sorted=True):
-    """Exact top-k along the last axis: (values [..., k] in the operand's dtype, int32
-    indices [..., k]), a drop-in for `jax.lax.top_k`.
+def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
+    """Exact top-k along `axis` (default the last): (values, int32 indices) with k in place
+    of that axis, a drop-in for `jax.lax.top_k`.
 
     On rows without NaN and without `lengths`, the same bits as `jax.lax.top_k`: values
     rank in IEEE total order (-0 below +0), equal values rank the lower column first.
-    NaN of either sign is never selected; `lengths` (integer, the operand's leading shape)
-    limits row r to columns [0, clamp(lengths[r], 0, n)). A slot with no candidate holds
-    index -1 and value -inf (an integer dtype's minimum). `sorted=True` gives rank order,
-    `sorted=False` the same set in ascending column order. `values` is differentiable: its
-    tangent is the operand's tangent at `indices`. float32, bfloat16 and float16 run on
-    the fast kernels (k <= 2048 a round, 2 to 8 rounds by the rows' size); other dtypes and
-    larger k take an exact slower path (one sort of the row).
+    NaN of either sign is never selected; `lengths` (integer, the operand's shape without
+    `axis`) limits row r to columns [0, clamp(lengths[r], 0, n)). A slot with no candidate
+    holds index -1 and value -inf (an integer dtype's minimum). `sorted=True` gives rank
+    order, `sorted=False` the same set in ascending column order. `is_stable` is accepted as
+    `jax.lax.top_k` takes it; the result is always stable (equal values by ascending column).
+    `values` is differentiable: its tangent is the operand's tangent at `indices`. float32,
+    bfloat16 and float16 run on the fast kernels (k <= 2048 a round, 2 to 8 rounds by the
+    rows' size); other dtypes and larger k take an exact slower path (one sort of the row).
+    A row along any axis but the last is moved last first (a transpose XLA may have to copy).
     """
     operand = jnp.asarray(operand)
+    axis = _checks.check_axis("top_k", axis, operand)
+    _checks.check_bool("top_k", "is_stable", is_stable)
+    operand = jnp.moveaxis(operand, axis, -1)  # nothing to move for the last axis
     leading, n = _checks.check_top_k_operand(operand)
     k = _checks.check_top_k_k(k, n)
     sorted = _checks.check_sorted("top_k", sorted)
@@ -228,4 +233,5 @@ def top_k(operand, k, *, lengths=None, sorted=True):
         _checks.check_lengths("top_k", lengths, leading)
         lengths = as_int32(lengths).reshape(rows)
     values, indices = _values_and_indices(operand.reshape(rows, n), lengths, k, sorted)
-    return values.reshape(*leading, k), indices.reshape(*leading, k)
+    values, indices = values.reshape(*leading, k), indices.reshape(*leading, k)
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)

@@ -408,6 +408,43 @@ def test_k_equal_to_n_and_one(backend):
             assert_same_bits(values, expected[0])
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2, -3])
+def test_axis_matches_lax_top_k(backend, axis):
+    """A row along any axis: the result with k in that axis's place, what jax.lax.top_k(...,
+    axis=) gives, and lengths shaped as the operand without that axis."""
+    rng = np.random.default_rng(23)
+    shape = (40, 30, 50)
+    operand = make("heavy_ties", rng, shape, "bfloat16")
+    k = 7
+    device = device_for(backend)
+    values, indices = jax.jit(lambda x: jax_topk.top_k(x, k, axis=axis))(
+        jax.device_put(operand, device)
+    )
+    expected = jax.lax.top_k(jax.device_put(operand, jax.devices("cpu")[0]), k, axis=axis)
+    assert values.shape == indices.shape == expected[0].shape
+    np.testing.assert_array_equal(np.asarray(indices), np.asarray(expected[1]))
+    assert_same_bits(np.asarray(values), np.asarray(expected[0]))
+
+    moved = np.moveaxis(operand, axis, -1)
+    lengths = rng.integers(-2, moved.shape[-1] + 3, size=moved.shape[:-1])
+    values, indices = jax_topk.top_k(
+        jax.device_put(operand, device), k, axis=axis, lengths=lengths, sorted=False
+    )
+    ref_values, ref_indices = reference_top_k(moved, k, lengths, sorted=False)
+    np.testing.assert_array_equal(np.asarray(indices), np.moveaxis(ref_indices, -1, axis))
+    assert_same_bits(np.asarray(values), np.moveaxis(ref_values, -1, axis))
+
+
+def test_is_stable_is_accepted_and_changes_nothing(backend):
+    """jax.lax.top_k's is_stable (jax 0.12): ours is always stable, so both settings give
+    the lower column first among equal values."""
+    x = jax.device_put(np.array([[2.0, 5.0, 5.0, 2.0, 5.0]], np.float32), device_for(backend))
+    for is_stable in (True, False):
+        values, indices = jax_topk.top_k(x, 4, is_stable=is_stable)
+        np.testing.assert_array_equal(np.asarray(indices), [[1, 2, 4, 0]])
+        np.testing.assert_array_equal(np.asarray(values), [[5.0, 5.0, 5.0, 2.0]])
+
+
 # --- Differentiation: the JVP rule of jax.lax.top_k for values; no tangent for indices.
 
 
@@ -437,6 +474,19 @@ def test_grad_matches_lax_top_k(backend, n, k):
     theirs = jax.grad(lambda x: loss(jax.lax.top_k, x))(x)
     np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6, atol=0)
     assert np.count_nonzero(np.asarray(ours)) > 0
+
+
+def test_grad_along_another_axis(backend):
+    rng = np.random.default_rng(24)
+    x = jax.device_put(np.moveaxis(_tie_free(rng, (5, 60)), 1, 0), device_for(backend))
+
+    def loss(top_k_fn, x):
+        return jnp.sum(jnp.cos(top_k_fn(x, 6, axis=0)[0]))
+
+    ours = jax.grad(lambda x: loss(jax_topk.top_k, x))(x)
+    theirs = jax.grad(lambda x: loss(jax.lax.top_k, x))(x)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert np.count_nonzero(np.asarray(ours)) == 5 * 6
 
 
 def test_jacfwd_and_vmapped_grad(backend):
@@ -570,6 +620,18 @@ def test_trace_time_errors():
         jax_topk.top_k(jnp.float32(1.0), 1)
     with pytest.raises(TypeError, match=r"sorted must be a Python bool"):
         jax_topk.top_k(x, 2, sorted=None)
+    with pytest.raises(ValueError, match=r"axis=2 is out of range.*2 dimensions.*-2 <= axis < 2"):
+        jax_topk.top_k(x, 2, axis=2)
+    with pytest.raises(ValueError, match=r"axis=-3 is out of range"):
+        jax_topk.top_k(x, 2, axis=-3)
+    with pytest.raises(TypeError, match=r"axis must be a Python int, got 1.0"):
+        jax_topk.top_k(x, 2, axis=1.0)
+    with pytest.raises(TypeError, match=r"axis must be a Python int, got True"):
+        jax_topk.top_k(x, 2, axis=True)
+    with pytest.raises(ValueError, match=r"k=3 .* n=2"):  # n is the chosen axis's length
+        jax_topk.top_k(x, 3, axis=0)
+    with pytest.raises(TypeError, match=r"is_stable must be a Python bool"):
+        jax_topk.top_k(x, 2, is_stable="yes")
 
 
 def test_bfloat16_float16_dtypes_are_kept():
