@@ -14,7 +14,7 @@ import numpy as np
 
 import jax_topk
 
-ROWS, CHUNKS, CHUNK, K = 4, 8, 512, 64
+ROWS, CHUNKS, CHUNK, K = 6, 8, 512, 64
 
 
 @jax.jit
@@ -24,7 +24,9 @@ def running_top_k(scores, lengths):
 
     def step(best, chunk_and_start):
         chunk, start = chunk_and_start
-        chunk_lengths = jnp.clip(lengths - start, 0, CHUNK)  # this chunk's share of each row
+        # This chunk's share of each row, clamped before the subtraction: lengths - start
+        # would wrap round for a length near the int32 minimum and take the chunk whole.
+        chunk_lengths = jnp.clip(lengths, start, start + CHUNK) - start
         values, indices = jax_topk.top_k(chunk, K, lengths=chunk_lengths)
         columns = jnp.where(indices >= 0, indices + start, -1)  # global column numbers
         best_values, best_columns = best
@@ -45,7 +47,8 @@ def main():
     rng = np.random.default_rng(0)
     # Few distinct values, so ties cross chunk boundaries.
     scores = jnp.asarray(rng.integers(-8, 8, size=(ROWS, CHUNKS * CHUNK)), jnp.bfloat16)
-    lengths = jnp.asarray([CHUNKS * CHUNK, 1000, CHUNK, 37], jnp.int32)
+    # Lengths past both ends too: each row is clamped to [0, n], whatever its length says.
+    lengths = jnp.asarray([CHUNKS * CHUNK, 1000, CHUNK, 37, -(2**31), 2**31 - 1], jnp.int32)
     values, indices = running_top_k(scores, lengths)
     want_values, want_indices = jax_topk.top_k(scores, K, lengths=lengths)
     np.testing.assert_array_equal(np.asarray(indices), np.asarray(want_indices))

@@ -14,6 +14,8 @@ from tests.support.processes import run_python
         # The tree of pairwise merges (jax_topk/_sharding.py's COLUMN_MERGE).
         ("tests.checks.column_sharding", "tree", "column sharding (tree):"),
         ("tests.checks.indexer_sharding", "all_gather", "only the candidates cross devices"),
+        # Context parallelism by hand: shard_map, all_gather or a ppermute ring, merge_topk.
+        ("tests.checks.shard_map_merge", "all_gather", "hand-written context-parallel calls"),
         ("tests.checks.indexer_sharding", "tree", "indexer context parallelism (tree):"),
     ],
 )
