@@ -11,6 +11,7 @@ import numpy as np
 
 from ._contract import FAST_DTYPES, MAX_WIDTH, OPERATORS, Operands, Params
 from ._indexer_contract import INPUT_DTYPES
+from ._widening import NARROW_DTYPES
 
 
 def check_k(op: str, k, max_k: int | None = None) -> int:
@@ -146,6 +147,7 @@ TOP_K_DTYPES = (
     *FAST_DTYPES,
     np.dtype(np.float64),
     *(np.dtype(f"{kind}int{bits}") for kind in ("", "u") for bits in (8, 16, 32, 64)),
+    *NARROW_DTYPES,  # widened to float32 (_widening.py)
 )
 
 

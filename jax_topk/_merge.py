@@ -22,7 +22,7 @@ from jax.extend import core
 from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _checks, _compat, _fallback, _jax_topk_cpu
+from . import _checks, _compat, _fallback, _jax_topk_cpu, _widening
 from ._batch_layout import Fold, mapped_first
 from ._compat import rows_like
 from ._contract import FAST_DTYPES, MAX_K
@@ -161,17 +161,18 @@ def _merged_jvp(k, sorted, primals, tangents):
 def merge_topk(values, indices, k, *, sorted=True):
     """The exact top-k of the union of candidate lists: (values [..., k], indices [..., k]).
 
-    `values` [..., m] (float32, bfloat16, float16 on the fast path; float64 and integers
-    exact through a slower one) and `indices` int32 [..., m] are the candidates of each row,
-    e.g. the concatenated results of top_k over chunks of the row, columns already global.
-    An entry whose index is negative (-1: an empty slot) or whose value is NaN is not a
-    candidate. The winners rank as in top_k: value in IEEE total order descending, equal
-    values by ascending column. Columns are assumed distinct (a repeated column may be
-    selected twice). `1 <= k <= m`; slots past the candidates hold index -1 and value -inf
-    (an integer dtype's minimum). `sorted=True`: rank order; `sorted=False`: ascending
-    columns. Equals `top_k` over the union. `jax.grad`/`jax.jvp` through the values follow
-    top_k's rule: a winner's tangent is its candidate's (of candidates equal in value and
-    column, the earlier one's first); indices have none.
+    `values` [..., m] (float32, bfloat16, float16 on the fast path, the 8-bit floats and
+    bool widened to float32 for it; float64 and integers exact through a slower one) and
+    `indices` int32 [..., m] are the candidates of each row, e.g. the concatenated results
+    of top_k over chunks of the row, columns already global. An entry whose index is
+    negative (-1: an empty slot) or whose value is NaN is not a candidate. The winners rank
+    as in top_k: value in IEEE total order descending, equal values by ascending column.
+    Columns are assumed distinct (a repeated column may be selected twice). `1 <= k <= m`;
+    slots past the candidates hold index -1 and value -inf (an integer dtype's minimum; a
+    dtype without -inf, its lowest value). `sorted=True`: rank order; `sorted=False`:
+    ascending columns. Equals `top_k` over the union. `jax.grad`/`jax.jvp` through the
+    values follow top_k's rule: a winner's tangent is its candidate's (of candidates equal
+    in value and column, the earlier one's first); indices have none.
     """
     values = jnp.asarray(values)
     indices = jnp.asarray(indices)
@@ -179,7 +180,12 @@ def merge_topk(values, indices, k, *, sorted=True):
     k = _checks.check_top_k_k(k, m, op="merge_topk", width="m")
     sorted = _checks.check_sorted("merge_topk", sorted)
     rows = int(np.prod(leading, dtype=np.int64))
+    dtype = values.dtype
+    if _widening.is_narrow(dtype):  # 8-bit floats, bool: on the float32 kernel
+        values = _widening.widened(values)
     merged_values, merged_indices = _merged(
         values.reshape(rows, m), indices.reshape(rows, m), k, sorted
     )
+    if _widening.is_narrow(dtype):
+        merged_values = _widening.narrowed(merged_values, merged_indices, dtype)
     return merged_values.reshape(*leading, k), merged_indices.reshape(*leading, k)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _checks, _fallback
+from . import _checks, _fallback, _widening
 from ._api import as_int32, host_integers
 from ._contract import (
     FAST_DTYPES,
@@ -212,12 +212,14 @@ def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
     rank in IEEE total order (-0 below +0), equal values rank the lower column first.
     NaN of either sign is never selected; `lengths` (integer, the operand's shape without
     `axis`) limits row r to columns [0, clamp(lengths[r], 0, n)). A slot with no candidate
-    holds index -1 and value -inf (an integer dtype's minimum). `sorted=True` gives rank
+    holds index -1 and value -inf (an integer dtype's minimum; a dtype without -inf, its
+    lowest value). `sorted=True` gives rank
     order, `sorted=False` the same set in ascending column order. `is_stable` is accepted as
     `jax.lax.top_k` takes it; the result is always stable (equal values by ascending column).
     `values` is differentiable: its tangent is the operand's tangent at `indices`. float32,
     bfloat16 and float16 run on the fast kernels (k <= 2048 a round, 2 to 8 rounds by the
-    rows' size); other dtypes and larger k take an exact slower path (one sort of the row).
+    rows' size), the 8-bit floats and bool widened exactly to float32 first; float64, the
+    integers and larger k take an exact slower path (one sort of the row).
     A row along any axis but the last is moved last first (a transpose XLA may have to copy).
     """
     operand = jnp.asarray(operand)
@@ -232,6 +234,11 @@ def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
         lengths = host_integers(lengths)
         _checks.check_lengths("top_k", lengths, leading)
         lengths = as_int32(lengths).reshape(rows)
+    dtype = operand.dtype
+    if _widening.is_narrow(dtype):  # 8-bit floats, bool: on the float32 kernels
+        operand = _widening.widened(operand)
     values, indices = _values_and_indices(operand.reshape(rows, n), lengths, k, sorted)
+    if _widening.is_narrow(dtype):
+        values = _widening.narrowed(values, indices, dtype)
     values, indices = values.reshape(*leading, k), indices.reshape(*leading, k)
     return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)

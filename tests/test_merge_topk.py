@@ -168,6 +168,32 @@ def test_other_dtypes_take_the_exact_path(backend, dtype):
             assert_same(got, (want_values, want_indices), f"sorted={sorted_}")
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "bool"])
+def test_narrow_dtypes_merge_as_top_k(backend, dtype):
+    """8-bit floats and bool (widened to float32): chunks' top_k merged equal one top_k,
+    the dtype's own empty value in -1 slots included."""
+    rng = np.random.default_rng(26)
+    if dtype == "bool":
+        operand = rng.integers(0, 2, size=(5, 300)).astype(bool)
+    else:
+        operand = rng.integers(0, 256, size=(5, 300), dtype=np.uint8).view(
+            getattr(ml_dtypes, dtype)
+        )
+    lengths = np.array([0, 1, 150, 151, 300], np.int32)
+    halves = []
+    for start in (0, 150):
+        local = np.clip(lengths, start, start + 150) - start
+        values, indices = cpu_top_k(operand[:, start : start + 150], 150, local, False)
+        halves.append((values, np.where(indices >= 0, indices + start, -1).astype(np.int32)))
+    values = np.concatenate([h[0] for h in halves], 1)
+    indices = np.concatenate([h[1] for h in halves], 1)
+    for sorted_ in (True, False):
+        got = run_merge(backend, values, indices, 120, sorted_)
+        want = cpu_top_k(operand, 120, lengths, sorted_)
+        assert got[0].dtype == operand.dtype
+        assert_same((got[0].view(np.uint8), got[1]), (want[0].view(np.uint8), want[1]), dtype)
+
+
 def test_vmap_and_leading_shapes(backend):
     rng = np.random.default_rng(9)
     values, indices, _ = random_lists(rng, 12, 200, 4, 20, "bfloat16", "heavy_ties")

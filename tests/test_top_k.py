@@ -386,6 +386,73 @@ def test_float64(backend):
         assert_same_bits(values, ref_values)
 
 
+# jax.lax.top_k's 8-bit floats and bool, those this jax knows; top_k widens them to float32.
+NARROW = [
+    name
+    for name in (
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e4m3b11fnuz",
+        "float8_e3m4",
+        "float8_e4m3",
+        "float8_e8m0fnu",
+    )
+    if hasattr(jnp, name)
+] + ["bool"]
+
+
+def narrow_rows(rng, dtype, shape):
+    """Every byte pattern of an 8-bit float (NaNs, -0, infinities where the type has them)
+    in random places, a tied run in each row; bool rows of both values."""
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    operand = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    operand[:, :256] = rng.permuted(
+        np.broadcast_to(np.arange(256, dtype=np.uint8), (shape[0], 256)), axis=1
+    )
+    operand[:, 5:45] = operand[:, :1]
+    return operand.view(np.dtype(getattr(ml_dtypes, dtype)))
+
+
+def narrow_empty_value(dtype):
+    """The contract's empty slot: -inf if the dtype has one, else its lowest value."""
+    if dtype == "bool":
+        return np.array(False)
+    dtype = np.dtype(getattr(ml_dtypes, dtype))
+    if np.isinf(np.array(-np.inf, np.float32).astype(dtype).astype(np.float32)):
+        return np.array(-np.inf, np.float32).astype(dtype)
+    return np.array(ml_dtypes.finfo(dtype).min, dtype)
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_narrow_dtypes(backend, dtype):
+    """The 8-bit floats and bool, ranked by value (bool: False < True), NaN never selected,
+    values in their own dtype, the dtype's own empty value in -1 slots; without NaN the same
+    bits as jax.lax.top_k."""
+    rng = np.random.default_rng(25)
+    operand = narrow_rows(rng, dtype, (6, 400))
+    wide = operand.astype(np.float32)
+    lengths = np.array([-1, 0, 1, 39, 300, 10**6])
+    for k, sorted_ in ((1, True), (40, True), (400, True), (300, False)):
+        values, indices = run_top_k(backend, operand, k, lengths, sorted_)
+        _, want_indices = reference_top_k(wide, k, lengths, sorted_)
+        np.testing.assert_array_equal(indices, want_indices, err_msg=f"k={k}")
+        picked = np.take_along_axis(operand, np.maximum(want_indices, 0), axis=1)
+        want_values = np.where(want_indices >= 0, picked, narrow_empty_value(dtype))
+        assert values.dtype == operand.dtype
+        assert_same_bits(values.view(np.uint8), want_values.view(np.uint8), f"k={k}")
+    assert (indices == -1).any(), "no empty slot was checked"
+    nan_free = np.where(np.isnan(wide), np.zeros((), operand.dtype), operand)
+    if dtype == "float8_e8m0fnu":  # no zero: its NaN slots take its smallest value
+        nan_free = np.where(np.isnan(wide), narrow_empty_value(dtype), operand)
+    values, indices = run_top_k(backend, nan_free, 50)
+    want = jax.lax.top_k(jax.device_put(nan_free, jax.devices("cpu")[0]), 50)
+    np.testing.assert_array_equal(indices, np.asarray(want[1]))
+    assert_same_bits(values.view(np.uint8), np.asarray(want[0]).view(np.uint8))
+
+
 @pytest.mark.parametrize("shape", [(300,), (2, 3, 300), (1, 1, 1, 17)])
 def test_leading_shapes(backend, shape):
     rng = np.random.default_rng(15)
