@@ -76,18 +76,20 @@ def check_scores(op: str, scores) -> tuple[tuple[int, ...], int]:
     return tuple(scores.shape[:-1]), n
 
 
-def _check_integer(op: str, name: str, value, shape: tuple[int, ...] | None):
+def _check_integer(
+    op: str, name: str, value, shape: tuple[int, ...] | None, shape_is="the scores' leading shape"
+):
     if not jnp.issubdtype(value.dtype, jnp.integer):
         raise TypeError(f"{op}: {name} must be an integer array, got dtype {value.dtype}")
     if shape is not None and tuple(value.shape) != shape:
         raise ValueError(
-            f"{op}: {name} has shape {tuple(value.shape)}, expected {shape} "
-            "(the scores' leading shape)"
+            f"{op}: {name} has shape {tuple(value.shape)}, expected {shape} ({shape_is})"
         )
 
 
-def check_lengths(op: str, lengths, leading: tuple[int, ...]):
-    _check_integer(op, "lengths", lengths, leading)
+def check_lengths(op: str, lengths, leading: tuple[int, ...], shape_is=None):
+    """`shape_is`: what the expected shape is, for the message."""
+    _check_integer(op, "lengths", lengths, leading, shape_is or "the scores' leading shape")
 
 
 def check_page_table(op: str, page_table, table_rows, leading, n: int, page_size: int):
@@ -147,17 +149,21 @@ TOP_K_DTYPES = (
     *FAST_DTYPES,
     np.dtype(np.float64),
     *(np.dtype(f"{kind}int{bits}") for kind in ("", "u") for bits in (8, 16, 32, 64)),
-    *NARROW_DTYPES,  # widened to float32 (_widening.py)
+    *NARROW_DTYPES,  # widened to bfloat16 (_widening.py)
 )
 
 
-def check_top_k_operand(operand) -> tuple[tuple[int, ...], int]:
-    """top_k's operand: returns (leading shape, n)."""
+def check_top_k_dtype(operand):
     if operand.dtype not in TOP_K_DTYPES:
         raise TypeError(
             f"top_k: operand dtype {operand.dtype} is not supported; it must be one of "
             + ", ".join(d.name for d in TOP_K_DTYPES)
         )
+
+
+def check_top_k_operand(operand) -> tuple[tuple[int, ...], int]:
+    """top_k's operand: returns (leading shape, n)."""
+    check_top_k_dtype(operand)
     if operand.ndim < 1:
         raise ValueError(
             f"top_k: operand must have at least one dimension, got shape {operand.shape}"
@@ -211,13 +217,14 @@ def check_sorted(op: str, sorted_) -> bool:
 
 def check_axis(op: str, axis, operand) -> int:
     """The axis a top-k runs along, as a non-negative int (`operand` needs a dimension)."""
-    if operand.ndim < 1:
-        raise ValueError(
-            f"{op}: operand must have at least one dimension, got shape {operand.shape}"
-        )
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(
             f"{op}: axis must be a Python int, got {axis!r} of type {type(axis).__name__}"
+        )
+    if operand.ndim < 1:
+        raise ValueError(
+            f"{op}: operand must have at least one dimension (axis={axis} names none), got "
+            f"shape {operand.shape}"
         )
     if not -operand.ndim <= axis < operand.ndim:
         raise ValueError(

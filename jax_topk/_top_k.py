@@ -218,11 +218,12 @@ def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
     `jax.lax.top_k` takes it; the result is always stable (equal values by ascending column).
     `values` is differentiable: its tangent is the operand's tangent at `indices`. float32,
     bfloat16 and float16 run on the fast kernels (k <= 2048 a round, 2 to 8 rounds by the
-    rows' size), the 8-bit floats and bool widened exactly to float32 first; float64, the
+    rows' size), the 8-bit floats and bool widened exactly to bfloat16 first; float64, the
     integers and larger k take an exact slower path (one sort of the row).
     A row along any axis but the last is moved last first (a transpose XLA may have to copy).
     """
     operand = jnp.asarray(operand)
+    _checks.check_top_k_dtype(operand)
     axis = _checks.check_axis("top_k", axis, operand)
     _checks.check_bool("top_k", "is_stable", is_stable)
     operand = jnp.moveaxis(operand, axis, -1)  # nothing to move for the last axis
@@ -232,10 +233,10 @@ def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
     rows = int(np.prod(leading, dtype=np.int64))
     if lengths is not None:  # None stays None: no [rows] array of n on the device
         lengths = host_integers(lengths)
-        _checks.check_lengths("top_k", lengths, leading)
+        _checks.check_lengths("top_k", lengths, leading, "the operand's shape without axis")
         lengths = as_int32(lengths).reshape(rows)
     dtype = operand.dtype
-    if _widening.is_narrow(dtype):  # 8-bit floats, bool: on the float32 kernels
+    if _widening.is_narrow(dtype):  # 8-bit floats, bool: on the 16-bit kernels
         operand = _widening.widened(operand)
     values, indices = _values_and_indices(operand.reshape(rows, n), lengths, k, sorted)
     if _widening.is_narrow(dtype):

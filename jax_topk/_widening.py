@@ -1,7 +1,9 @@
 """The dtypes `jax.lax.top_k` ranks that no path here reads natively: the 8-bit floats and
-bool. Each widens exactly to float32, where the kernels run: every value is kept, so are
-the order, the ties, -0 and NaN (an fnuz type's one NaN pattern widens to a NaN, never
-selected). The selected values narrow back exactly. An empty slot takes the narrow dtype's
+bool. Each widens exactly to bfloat16, where the 16-bit kernels run (two bytes an element):
+every 8-bit float has at most 4 mantissa bits and exponents within bfloat16's (e8m0fnu's
+2^-127 is a bfloat16 subnormal), so every value is kept, and so are the order, the ties, -0
+and NaN (an fnuz type's one NaN pattern widens to a NaN, never selected). The selected
+values narrow back exactly. An empty slot takes the narrow dtype's
 own empty value: -inf where the dtype has one, else its lowest value (bool: False), as an
 integer dtype's empty slot holds its minimum."""
 
@@ -26,7 +28,7 @@ NARROW_DTYPES = (
     *(np.dtype(getattr(jnp, name)) for name in _FLOAT8_NAMES if hasattr(jnp, name)),
     np.dtype(np.bool_),
 )
-WIDE_DTYPE = np.dtype(np.float32)
+WIDE_DTYPE = np.dtype(jnp.bfloat16)
 
 
 def is_narrow(dtype) -> bool:
@@ -44,7 +46,7 @@ def empty_value(dtype) -> np.ndarray:
 
 
 def widened(x):
-    """x as float32: exact for every narrow dtype (bool: 0 and 1)."""
+    """x as bfloat16: exact for every narrow dtype (bool: 0 and 1)."""
     return x.astype(WIDE_DTYPE)
 
 

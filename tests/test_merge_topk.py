@@ -170,7 +170,7 @@ def test_other_dtypes_take_the_exact_path(backend, dtype):
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "bool"])
 def test_narrow_dtypes_merge_as_top_k(backend, dtype):
-    """8-bit floats and bool (widened to float32): chunks' top_k merged equal one top_k,
+    """8-bit floats and bool (widened to bfloat16): chunks' top_k merged equal one top_k,
     the dtype's own empty value in -1 slots included."""
     rng = np.random.default_rng(26)
     if dtype == "bool":
