@@ -145,11 +145,15 @@ def check_num_valid_rows(op: str, num_valid_rows, leading):
 
 
 # top_k's dtypes: the fast kernels' three, and what the exact slower path also orders.
-TOP_K_DTYPES = (
-    *FAST_DTYPES,
-    np.dtype(np.float64),
-    *(np.dtype(f"{kind}int{bits}") for kind in ("", "u") for bits in (8, 16, 32, 64)),
-    *NARROW_DTYPES,  # widened to bfloat16 (_widening.py)
+TOP_K_DTYPES = tuple(
+    dict.fromkeys(  # no repeats: the narrow dtypes include the 8- and 16-bit integers
+        (
+            *FAST_DTYPES,
+            np.dtype(np.float64),
+            *(np.dtype(f"{kind}int{bits}") for kind in ("", "u") for bits in (8, 16, 32, 64)),
+            *NARROW_DTYPES,  # widened exactly to a kernel's dtype (_widening.py)
+        )
+    )
 )
 
 

@@ -161,8 +161,8 @@ def _merged_jvp(k, sorted, primals, tangents):
 def merge_topk(values, indices, k, *, sorted=True):
     """The exact top-k of the union of candidate lists: (values [..., k], indices [..., k]).
 
-    `values` [..., m] (float32, bfloat16, float16 on the fast path, the 8-bit floats and
-    bool widened to bfloat16 for it; float64 and integers exact through a slower one) and
+    `values` [..., m] (float32, bfloat16, float16 on the fast path, the 8-bit floats, bool
+    and 8/16-bit integers widened for it; float64 and wider integers through a slower one) and
     `indices` int32 [..., m] are the candidates of each row, e.g. the concatenated results
     of top_k over chunks of the row, columns already global. An entry whose index is
     negative (-1: an empty slot) or whose value is NaN is not a candidate. The winners rank
@@ -181,7 +181,7 @@ def merge_topk(values, indices, k, *, sorted=True):
     sorted = _checks.check_sorted("merge_topk", sorted)
     rows = int(np.prod(leading, dtype=np.int64))
     dtype = values.dtype
-    if _widening.is_narrow(dtype):  # 8-bit floats, bool: on the 16-bit kernel
+    if _widening.is_narrow(dtype):  # 8-bit floats, bool, 8/16-bit integers: on the kernel
         values = _widening.widened(values)
     merged_values, merged_indices = _merged(
         values.reshape(rows, m), indices.reshape(rows, m), k, sorted

@@ -213,13 +213,14 @@ def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
     NaN of either sign is never selected; `lengths` (integer, the operand's shape without
     `axis`) limits row r to columns [0, clamp(lengths[r], 0, n)). A slot with no candidate
     holds index -1 and value -inf (an integer dtype's minimum; a dtype without -inf, its
-    lowest value). `sorted=True` gives rank
-    order, `sorted=False` the same set in ascending column order. `is_stable` is accepted as
+    lowest value). `sorted=True` gives rank order, `sorted=False` the same set in ascending
+    column order. `is_stable` is accepted as
     `jax.lax.top_k` takes it; the result is always stable (equal values by ascending column).
     `values` is differentiable: its tangent is the operand's tangent at `indices`. float32,
     bfloat16 and float16 run on the fast kernels (k <= 2048 a round, 2 to 8 rounds by the
-    rows' size), the 8-bit floats and bool widened exactly to bfloat16 first; float64, the
-    integers and larger k take an exact slower path (one sort of the row).
+    rows' size), the 8-bit floats, bool and the 8- and 16-bit integers widened exactly to
+    one of them first; float64, the wider integers and larger k take an exact slower path
+    (one sort of the row).
     A row along any axis but the last is moved last first (a transpose XLA may have to copy).
     """
     operand = jnp.asarray(operand)
@@ -236,7 +237,7 @@ def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
         _checks.check_lengths("top_k", lengths, leading, "the operand's shape without axis")
         lengths = as_int32(lengths).reshape(rows)
     dtype = operand.dtype
-    if _widening.is_narrow(dtype):  # 8-bit floats, bool: on the 16-bit kernels
+    if _widening.is_narrow(dtype):  # 8-bit floats, bool, 8/16-bit integers: on the kernels
         operand = _widening.widened(operand)
     values, indices = _values_and_indices(operand.reshape(rows, n), lengths, k, sorted)
     if _widening.is_narrow(dtype):

@@ -1,11 +1,15 @@
-"""The dtypes `jax.lax.top_k` ranks that no path here reads natively: the 8-bit floats and
-bool. Each widens exactly to bfloat16, where the 16-bit kernels run (two bytes an element):
-every 8-bit float has at most 4 mantissa bits and exponents within bfloat16's (e8m0fnu's
-2^-127 is a bfloat16 subnormal), so every value is kept, and so are the order, the ties, -0
-and NaN (an fnuz type's one NaN pattern widens to a NaN, never selected). The selected
-values narrow back exactly. An empty slot takes the narrow dtype's
-own empty value: -inf where the dtype has one, else its lowest value (bool: False), as an
-integer dtype's empty slot holds its minimum."""
+"""Dtypes no kernel reads that widen exactly to one that does, so that they run on the
+kernels instead of the exact sort path: the 8-bit floats, bool and the 8-bit integers to
+bfloat16, the 16-bit integers to float32.
+
+Exact: every 8-bit float has at most 4 mantissa bits and exponents within bfloat16's
+(e8m0fnu's 2^-127 is a bfloat16 subnormal), bfloat16 holds every integer of magnitude up to
+256 and float32 every one up to 2^24. So every value is kept, and with it the order, the
+ties, -0 and NaN (an fnuz type's one NaN pattern widens to a NaN, never selected). The
+selected values narrow back exactly. An empty slot takes the narrow dtype's own empty value:
+-inf where the dtype has one, else its lowest value (bool: False; an integer: its minimum).
+Wider integers (and float64) have no exact order-keeping float of the kernels' widths and
+stay on the sort path."""
 
 from __future__ import annotations
 
@@ -23,16 +27,25 @@ _FLOAT8_NAMES = (
     "float8_e4m3",
     "float8_e8m0fnu",
 )
-# The ones this jax knows (older releases lack some), and bool.
-NARROW_DTYPES = (
-    *(np.dtype(getattr(jnp, name)) for name in _FLOAT8_NAMES if hasattr(jnp, name)),
-    np.dtype(np.bool_),
-)
-WIDE_DTYPE = np.dtype(jnp.bfloat16)
+# Each narrow dtype and the kernel dtype it widens to; the 8-bit floats this jax knows
+# (older releases lack some).
+WIDER = {
+    **{
+        np.dtype(getattr(jnp, name)): np.dtype(jnp.bfloat16)
+        for name in _FLOAT8_NAMES
+        if hasattr(jnp, name)
+    },
+    np.dtype(np.bool_): np.dtype(jnp.bfloat16),
+    np.dtype(np.int8): np.dtype(jnp.bfloat16),
+    np.dtype(np.uint8): np.dtype(jnp.bfloat16),
+    np.dtype(np.int16): np.dtype(np.float32),
+    np.dtype(np.uint16): np.dtype(np.float32),
+}
+NARROW_DTYPES = tuple(WIDER)
 
 
 def is_narrow(dtype) -> bool:
-    return np.dtype(dtype) in NARROW_DTYPES
+    return np.dtype(dtype) in WIDER
 
 
 def empty_value(dtype) -> np.ndarray:
@@ -40,14 +53,16 @@ def empty_value(dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return np.array(False)
+    if np.issubdtype(dtype, np.integer):
+        return np.array(np.iinfo(dtype).min, dtype)
     lowest = ml_dtypes.finfo(dtype).min
     has_infinity = np.isinf(np.array(-np.inf, np.float32).astype(dtype).astype(np.float32))
     return np.array(-np.inf if has_infinity else lowest, np.float32).astype(dtype)
 
 
 def widened(x):
-    """x as bfloat16: exact for every narrow dtype (bool: 0 and 1)."""
-    return x.astype(WIDE_DTYPE)
+    """x in its kernel dtype, every value exactly (bool: 0 and 1)."""
+    return x.astype(WIDER[np.dtype(x.dtype)])
 
 
 def narrowed(values, indices, dtype):

@@ -126,7 +126,7 @@ def test_k_past_the_candidates_and_empty_rows(backend):
     np.testing.assert_array_equal(got_values, [[5.0, 1.0, -np.inf, -np.inf], [-np.inf] * 4])
 
 
-@pytest.mark.parametrize("dtype", ["int32", "uint8", "int64", "float64"])
+@pytest.mark.parametrize("dtype", ["int32", "uint32", "int64", "float64"])
 def test_other_dtypes_take_the_exact_path(backend, dtype):
     with jax.enable_x64(True):
         rng = np.random.default_rng(8)
@@ -168,13 +168,16 @@ def test_other_dtypes_take_the_exact_path(backend, dtype):
             assert_same(got, (want_values, want_indices), f"sorted={sorted_}")
 
 
-@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "bool"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "bool", "uint8", "int16"])
 def test_narrow_dtypes_merge_as_top_k(backend, dtype):
-    """8-bit floats and bool (widened to bfloat16): chunks' top_k merged equal one top_k,
-    the dtype's own empty value in -1 slots included."""
+    """8-bit floats, bool, 8/16-bit integers (widened onto the kernel): chunks' top_k merged
+    equal one top_k, the dtype's own empty value in -1 slots included."""
     rng = np.random.default_rng(26)
     if dtype == "bool":
         operand = rng.integers(0, 2, size=(5, 300)).astype(bool)
+    elif dtype in ("uint8", "int16"):
+        info = np.iinfo(dtype)
+        operand = rng.integers(info.min, info.max, size=(5, 300), endpoint=True, dtype=dtype)
     else:
         operand = rng.integers(0, 256, size=(5, 300), dtype=np.uint8).view(
             getattr(ml_dtypes, dtype)

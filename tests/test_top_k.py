@@ -357,21 +357,43 @@ def test_pivots_beside_nan_bins(backend, dtype, n, k):
             assert_same_bits(values, ref_values)
 
 
-@pytest.mark.parametrize("dtype", ["int32", "int8", "uint8", "uint32", "int16"])
+@pytest.mark.parametrize("dtype", ["int32", "int8", "uint8", "uint32", "int16", "uint16", "int64"])
 def test_integer_dtypes(backend, dtype):
-    """Other dtypes take the exact slow path: the same contract, the dtype's minimum in
-    empty slots."""
+    """Integers: the 8- and 16-bit ones widened exactly onto the kernels (short rows, the
+    register kernel, the filtered kernel), the wider ones on the exact sort path; the same
+    contract either way, the dtype's minimum in empty slots."""
+    with jax.enable_x64(dtype == "int64"):  # else JAX narrows int64 to int32
+        _check_integer_rows(backend, dtype)
+
+
+def _check_integer_rows(backend, dtype):
     rng = np.random.default_rng(13)
     info = np.iinfo(dtype)
-    operand = rng.integers(info.min, info.max, size=(5, 300), endpoint=True, dtype=dtype)
-    operand[1] = operand[1, 0]  # a constant row: all ties
-    lengths = np.array([300, 300, 0, 4, 299], np.int32)
-    for sorted_ in (True, False):
-        values, indices = run_top_k(backend, operand, 10, lengths, sorted_)
-        ref_values, ref_indices = reference_top_k(operand, 10, lengths, sorted_)
-        np.testing.assert_array_equal(indices, ref_indices)
-        np.testing.assert_array_equal(values, ref_values)
-        assert values.dtype == np.dtype(dtype)
+    for n, k in ((300, 10), (300, 100), (20000, 700)):
+        operand = rng.integers(info.min, info.max, size=(5, n), endpoint=True, dtype=dtype)
+        operand[1] = operand[1, 0]  # a constant row: all ties
+        operand[2, ::3] = info.min  # the minimum, as an empty slot holds it
+        operand[2, 1::3] = info.max
+        lengths = np.array([n, n, 2**31 - 1, 4, -(2**31)], np.int32)
+        for sorted_ in (True, False):
+            values, indices = run_top_k(backend, operand, k, lengths, sorted_)
+            ref_values, ref_indices = reference_top_k(operand, k, lengths, sorted_)
+            np.testing.assert_array_equal(indices, ref_indices, f"n={n} k={k}")
+            np.testing.assert_array_equal(values, ref_values, f"n={n} k={k}")
+            assert values.dtype == np.dtype(dtype)
+        assert (indices == -1).any() and (indices[2] >= 0).all()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "bool", "float8_e5m2"])
+def test_narrow_dtypes_take_a_kernel(dtype):
+    """The widened dtypes lower to a kernel's custom call, not to a sort of the rows."""
+    operand = jnp.zeros((4, 300), getattr(jnp, dtype if dtype != "bool" else "bool_"))
+    for fn in (
+        lambda x: jax_topk.top_k(x, 8),
+        lambda x: jax_topk.merge_topk(x, x.astype("int32"), 8),
+    ):
+        text = jax.jit(fn).lower(operand).as_text()
+        assert "custom_call @jax_topk" in text and "stablehlo.sort" not in text, text[:2000]
 
 
 def test_float64(backend):
