@@ -8,11 +8,13 @@ from ._build_check import require_jaxlib_of_build
 require_jaxlib_of_build()  # before _api registers any handler
 
 from ._api import topk_bf16, topk_filtered  # noqa: E402 (after the jaxlib check)
+from ._export import export_disabled_checks  # noqa: E402
 from ._indexer import indexer_logits, indexer_topk  # noqa: E402
 from ._merge import merge_topk  # noqa: E402
 from ._top_k import top_k  # noqa: E402
 
 __all__ = [
+    "export_disabled_checks",
     "indexer_logits",
     "indexer_topk",
     "merge_topk",

@@ -202,3 +202,57 @@ def test_row_limit_of_topk_bf16():
     long_rows = jax.ShapeDtypeStruct((2**31, 2048), jnp.bfloat16)
     values, indices = jax.eval_shape(lambda x: jax_topk.top_k(x, 100), long_rows)
     assert values.shape == indices.shape == (2**31, 100)
+
+
+def test_export_round_trip_on_the_cpu():
+    """jax.export of a function calling every handler (top_k by two routes, merge_topk,
+    both indexer operators, topk_filtered and topk_bf16) for the CPU: refused without
+    jax_topk.export_disabled_checks(), and with them serialized, read back and run, the
+    same bits as the function itself (run unserialized where flatbuffers is missing)."""
+    rng = np.random.default_rng(41)
+    scores = rng.standard_normal((6, 3000)).astype(np.float32)
+    lengths = np.array([3000, 0, 1, 2999, 100, 4000], np.int32)
+    q = rng.standard_normal((6, 2, 32)).astype(jnp.bfloat16)
+    keys = rng.standard_normal((500, 32)).astype(jnp.bfloat16)
+    weights = rng.standard_normal((6, 2)).astype(np.float32)
+    index_lengths = np.array([500, 10, 0, 499, 250, 1], np.int32)
+
+    def every_handler(scores, lengths, q, keys, weights, index_lengths):
+        values, columns = jax_topk.top_k(scores, 50, lengths=lengths)
+        small = jax_topk.top_k(scores[:, :256], 8)
+        merged = jax_topk.merge_topk(values, columns, 20)
+        return (
+            values,
+            columns,
+            *small,
+            *merged,
+            jax_topk.topk_filtered(scores, lengths, k=16),
+            jax_topk.topk_bf16(scores.astype(jnp.bfloat16), lengths, k=16),
+            jax_topk.indexer_logits(q, keys, weights, index_lengths),
+            jax_topk.indexer_topk(q, keys, weights, index_lengths, k=64),
+        )
+
+    args = (scores, lengths, q, keys, weights, index_lengths)
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    with pytest.raises(ValueError, match="custom calls"):
+        jax.export.export(jax.jit(every_handler), platforms=["cpu"])(*shapes)
+    exported = jax.export.export(
+        jax.jit(every_handler),
+        platforms=["cpu"],
+        disabled_checks=jax_topk.export_disabled_checks(),
+    )(*shapes)
+    assert "custom_call @jax_topk" in exported.mlir_module()
+    try:  # serialization needs the flatbuffers package (the test extra installs it)
+        import flatbuffers  # noqa: F401
+
+        restored = jax.export.deserialize(exported.serialize())
+    except ImportError:
+        restored = exported
+    cpu = jax.devices("cpu")[0]
+    placed = [jax.device_put(a, cpu) for a in args]
+    for got, want in zip(restored.call(*placed), jax.jit(every_handler)(*placed)):
+        got, want = np.asarray(got), np.asarray(want)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(
+            got.view(f"uint{got.dtype.itemsize * 8}"), want.view(f"uint{want.dtype.itemsize * 8}")
+        )
