@@ -133,21 +133,25 @@ def merge_2d(values, indices, *, k: int, sorted: bool, local: bool = False):
     return _fallback.merge(values, indices, k=k, sorted=sorted)
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _merged(values, indices, k, sorted):
+@partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _merged(values, indices, k, sorted, differentiable):
     return merge_2d(values, indices, k=k, sorted=sorted)
 
 
 @_merged.defjvp
-def _merged_jvp(k, sorted, primals, tangents):
+def _merged_jvp(k, sorted, differentiable, primals, tangents):
     """top_k's rule: a winner's tangent is its candidate's (the candidate's place found by
-    the exact pure-JAX merge, `_fallback.merge_places`); 0 in empty slots; none for indices."""
+    the exact pure-JAX merge, `_fallback.merge_places`); 0 in empty slots; none for indices.
+    `differentiable`: the caller's values are floats (integers and bool widened to floats
+    for the kernel have no tangent, and their places are not searched for)."""
     values, indices = primals
-    merged_values, merged_indices = _merged(values, indices, k, sorted)
+    merged_values, merged_indices = _merged(values, indices, k, sorted, differentiable)
     no_tangent = np.zeros(merged_indices.shape, jax.dtypes.float0)
     values_dot = tangents[0]
-    if not jnp.issubdtype(values.dtype, jnp.floating):  # integers have no tangent
+    if not jnp.issubdtype(values.dtype, jnp.floating):  # integers: a float0 tangent
         return (merged_values, merged_indices), (no_tangent, no_tangent)
+    if not differentiable:  # widened integers or bool: zero, as their float0 tangent says
+        return (merged_values, merged_indices), (jnp.zeros_like(merged_values), no_tangent)
     # Under Explicit sharding the candidates' axis is gathered first, as top_k's rule does.
     values, indices = _fallback.columns_gathered(values), _fallback.columns_gathered(indices)
     places = _fallback.merge_places(values, indices, k=k, sorted=sorted, earlier_first=True)
@@ -183,8 +187,9 @@ def merge_topk(values, indices, k, *, sorted=True):
     dtype = values.dtype
     if _widening.is_narrow(dtype):  # 8-bit floats, bool, 8/16-bit integers: on the kernel
         values = _widening.widened(values)
+    differentiable = bool(jnp.issubdtype(dtype, jnp.floating))
     merged_values, merged_indices = _merged(
-        values.reshape(rows, m), indices.reshape(rows, m), k, sorted
+        values.reshape(rows, m), indices.reshape(rows, m), k, sorted, differentiable
     )
     if _widening.is_narrow(dtype):
         merged_values = _widening.narrowed(merged_values, merged_indices, dtype)

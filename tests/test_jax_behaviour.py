@@ -204,11 +204,10 @@ def test_row_limit_of_topk_bf16():
     assert values.shape == indices.shape == (2**31, 100)
 
 
-def test_export_round_trip_on_the_cpu():
-    """jax.export of a function calling every handler (top_k by two routes, merge_topk,
-    both indexer operators, topk_filtered and topk_bf16) for the CPU: refused without
-    jax_topk.export_disabled_checks(), and with them serialized, read back and run, the
-    same bits as the function itself (run unserialized where flatbuffers is missing)."""
+def _exported_every_handler():
+    """(jax.export of a function calling every handler for the CPU, its arguments, the
+    function): top_k by two routes, merge_topk, both indexer operators, topk_filtered and
+    topk_bf16. Asserts first that the export is refused without the disabled checks."""
     rng = np.random.default_rng(41)
     scores = rng.standard_normal((6, 3000)).astype(np.float32)
     lengths = np.array([3000, 0, 1, 2999, 100, 4000], np.int32)
@@ -232,7 +231,8 @@ def test_export_round_trip_on_the_cpu():
             jax_topk.indexer_topk(q, keys, weights, index_lengths, k=64),
         )
 
-    args = (scores, lengths, q, keys, weights, index_lengths)
+    cpu = jax.devices("cpu")[0]
+    args = [jax.device_put(a, cpu) for a in (scores, lengths, q, keys, weights, index_lengths)]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
     with pytest.raises(ValueError, match="custom calls"):
         jax.export.export(jax.jit(every_handler), platforms=["cpu"])(*shapes)
@@ -242,17 +242,31 @@ def test_export_round_trip_on_the_cpu():
         disabled_checks=jax_topk.export_disabled_checks(),
     )(*shapes)
     assert "custom_call @jax_topk" in exported.mlir_module()
-    try:  # serialization needs the flatbuffers package (the test extra installs it)
-        import flatbuffers  # noqa: F401
+    return exported, args, every_handler
 
-        restored = jax.export.deserialize(exported.serialize())
-    except ImportError:
-        restored = exported
-    cpu = jax.devices("cpu")[0]
-    placed = [jax.device_put(a, cpu) for a in args]
-    for got, want in zip(restored.call(*placed), jax.jit(every_handler)(*placed)):
-        got, want = np.asarray(got), np.asarray(want)
-        assert got.dtype == want.dtype
-        np.testing.assert_array_equal(
-            got.view(f"uint{got.dtype.itemsize * 8}"), want.view(f"uint{want.dtype.itemsize * 8}")
-        )
+
+def _assert_same_results(got, want):
+    got, want = list(got), list(want)
+    assert len(got) == len(want) == 10
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype
+        bits = f"uint{g.dtype.itemsize * 8}"
+        np.testing.assert_array_equal(g.view(bits), w.view(bits))
+
+
+def test_export_with_the_disabled_checks():
+    """jax.export of every handler for the CPU: refused without
+    jax_topk.export_disabled_checks(), and with them the exported call gives the same bits
+    as the function itself."""
+    exported, args, every_handler = _exported_every_handler()
+    _assert_same_results(exported.call(*args), jax.jit(every_handler)(*args))
+
+
+def test_export_serializes_and_reads_back():
+    """The export above serialized and read back runs to the same bits (serialization needs
+    the flatbuffers package, which the test extra installs)."""
+    pytest.importorskip("flatbuffers")
+    exported, args, every_handler = _exported_every_handler()
+    restored = jax.export.deserialize(exported.serialize())
+    _assert_same_results(restored.call(*args), jax.jit(every_handler)(*args))
