@@ -214,14 +214,13 @@ def top_k(operand, k, *, axis=-1, lengths=None, sorted=True, is_stable=True):
     `axis`) limits row r to columns [0, clamp(lengths[r], 0, n)). A slot with no candidate
     holds index -1 and value -inf (an integer dtype's minimum; a dtype without -inf, its
     lowest value). `sorted=True` gives rank order, `sorted=False` the same set in ascending
-    column order. `is_stable` is accepted as
-    `jax.lax.top_k` takes it; the result is always stable (equal values by ascending column).
-    `values` is differentiable: its tangent is the operand's tangent at `indices`. float32,
-    bfloat16 and float16 run on the fast kernels (k <= 2048 a round, 2 to 8 rounds by the
-    rows' size), the 8-bit floats, bool and the 8- and 16-bit integers widened exactly to
-    one of them first; float64, the wider integers and larger k take an exact slower path
-    (one sort of the row).
-    A row along any axis but the last is moved last first (a transpose XLA may have to copy).
+    column order. `is_stable` is accepted as `jax.lax.top_k` takes it; the result is always
+    stable (equal values by ascending column). `values` is differentiable: its tangent is
+    the operand's tangent at `indices`. float32, bfloat16 and float16 run on the fast
+    kernels (k <= 2048 a round, 2 to 8 rounds by the rows' size), the 8-bit floats, bool
+    and the 8- and 16-bit integers widened exactly to one of them first; float64, the wider
+    integers and larger k take an exact slower path (one sort of the row). A row along any
+    axis but the last is moved last first (a transpose XLA may have to copy).
     """
     operand = jnp.asarray(operand)
     _checks.check_top_k_dtype(operand)
