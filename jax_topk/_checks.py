@@ -166,12 +166,8 @@ def check_top_k_dtype(operand):
 
 
 def check_top_k_operand(operand) -> tuple[tuple[int, ...], int]:
-    """top_k's operand: returns (leading shape, n)."""
-    check_top_k_dtype(operand)
-    if operand.ndim < 1:
-        raise ValueError(
-            f"top_k: operand must have at least one dimension, got shape {operand.shape}"
-        )
+    """top_k's operand with its axis moved last (its dtype and rank checked already, by
+    check_top_k_dtype and check_axis): returns (leading shape, n)."""
     n = operand.shape[-1]
     if not 1 <= n <= MAX_WIDTH:
         raise ValueError(f"top_k: operand row length n={n} must be in [1, {MAX_WIDTH}]")

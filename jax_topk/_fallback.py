@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -66,10 +67,16 @@ def _integer_keys(values):
 
 
 def empty_value(dtype):
-    """An empty slot's value: -inf, or an integer dtype's minimum."""
-    if jnp.issubdtype(dtype, jnp.integer):
+    """An empty slot's value: -inf; an integer dtype's minimum; a float without -inf (such as
+    float8_e4m3fn) its lowest value; bool False."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return np.array(False)
+    if np.issubdtype(dtype, np.integer):
         return np.array(np.iinfo(dtype).min, dtype)
-    return np.array(-np.inf, dtype)
+    has_infinity = np.isinf(np.array(-np.inf, np.float32).astype(dtype).astype(np.float32))
+    lowest = -np.inf if has_infinity else ml_dtypes.finfo(dtype).min
+    return np.array(lowest, np.float32).astype(dtype)
 
 
 def gather_values(scores, columns):

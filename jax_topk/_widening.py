@@ -14,8 +14,9 @@ stay on the sort path."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
+
+from . import _fallback
 
 _FLOAT8_NAMES = (
     "float8_e4m3fn",
@@ -48,18 +49,6 @@ def is_narrow(dtype) -> bool:
     return np.dtype(dtype) in WIDER
 
 
-def empty_value(dtype) -> np.ndarray:
-    """A narrow dtype's empty slot: -inf if it has one, else its lowest value."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return np.array(False)
-    if np.issubdtype(dtype, np.integer):
-        return np.array(np.iinfo(dtype).min, dtype)
-    lowest = ml_dtypes.finfo(dtype).min
-    has_infinity = np.isinf(np.array(-np.inf, np.float32).astype(dtype).astype(np.float32))
-    return np.array(-np.inf if has_infinity else lowest, np.float32).astype(dtype)
-
-
 def widened(x):
     """x in its kernel dtype, every value exactly (bool: 0 and 1)."""
     return x.astype(WIDER[np.dtype(x.dtype)])
@@ -68,4 +57,4 @@ def widened(x):
 def narrowed(values, indices, dtype):
     """Values selected from a widened array, back in `dtype` (exact: each came from it),
     the narrow empty value where no candidate was selected (index -1)."""
-    return jnp.where(indices >= 0, values.astype(dtype), empty_value(dtype))
+    return jnp.where(indices >= 0, values.astype(dtype), _fallback.empty_value(dtype))

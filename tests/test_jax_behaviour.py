@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jax_topk
+from tests.support.bits import assert_same_bits
 from tests.support.operators import (
     K_ERRORS,
     OPS,
@@ -249,10 +250,7 @@ def _assert_same_results(got, want):
     got, want = list(got), list(want)
     assert len(got) == len(want) == 10
     for g, w in zip(got, want):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype
-        bits = f"uint{g.dtype.itemsize * 8}"
-        np.testing.assert_array_equal(g.view(bits), w.view(bits))
+        assert_same_bits(g, w)
 
 
 def test_export_with_the_disabled_checks():

@@ -14,6 +14,7 @@ import pytest
 
 import jax_topk
 from tests.support import families
+from tests.support.bits import assert_same_bits
 from tests.support.operators import device_for
 
 FAST_DTYPES = ["float32", "bfloat16", "float16"]
@@ -90,16 +91,6 @@ def run_top_k(backend, operand, k, lengths=None, sorted=True):
         lengths = jax.device_put(np.asarray(lengths), device)
     out = _jitted_top_k(k, sorted)(operand, lengths)
     return tuple(np.asarray(o) for o in out)
-
-
-def assert_same_bits(actual, expected, msg=""):
-    """Values compared as raw bits: -0.0 and +0.0 differ, every NaN pattern must match."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.dtype == expected.dtype, msg
-    width = actual.dtype.itemsize * 8
-    np.testing.assert_array_equal(
-        actual.view(f"uint{width}"), expected.view(f"uint{width}"), err_msg=msg
-    )
 
 
 @functools.cache

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jax_topk  # noqa: E402
 from jax_topk import _sharding  # noqa: E402
 from tests.support import families  # noqa: E402
+from tests.support.bits import assert_same_bits  # noqa: E402
 from tests.support.operators import OPS, SCORE_DTYPES, permuted_page_table  # noqa: E402
 
 INT32_MIN, INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
@@ -59,12 +60,6 @@ def boundary_lengths(rng):
     lengths = rng.integers(0, N + 1, size=ROWS)
     lengths[: len(special)] = special
     return rng.permutation(lengths).astype(np.int32)
-
-
-def assert_same_bits(got, want, msg):
-    got, want = np.asarray(got), np.asarray(want)
-    bits = f"uint{got.dtype.itemsize * 8}"
-    np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=msg)
 
 
 def assert_only_candidates_move(fn, args, local_n):

@@ -19,13 +19,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_topk  # noqa: E402
-from tests.checks.column_sharding import (  # noqa: E402
-    ROWS,
-    N,
-    adversarial_rows,
-    assert_same_bits,
-    boundary_lengths,
-)
+from tests.checks.column_sharding import ROWS, N, adversarial_rows, boundary_lengths  # noqa: E402
+from tests.support.bits import assert_same_bits  # noqa: E402
 
 SHARDS = 4  # the "keys" axis of the 2 x 4 mesh: 250 columns a device
 LOCAL_N = N // SHARDS
