@@ -1,5 +1,9 @@
-"""Training a lightning indexer with DeepSeek-V3.2's sparse-stage loss, on the selected
-tokens only.
+"""Training a lightning indexer with DeepSeek-V3.2's two losses: the dense warm-up stage's,
+over every visible key, and the sparse stage's, on the selected tokens only.
+
+Dense warm-up: the indexer's logits are `indexer_logits` itself (the kernels' float32 logits;
+its gradient forms the pure-JAX products a span of keys at a time, never all [M, H, N] of
+them), and the loss is the KL below over every position t can see.
 
 For query row t the indexer picks S_t, its top-k positions (`indexer_topk`: integers, no
 gradient). The main attention, run on S_t, gives the target: each main head's softmax over
@@ -17,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
 
-from jax_topk import indexer_topk
+from jax_topk import indexer_logits, indexer_topk
 
 ROWS, CONTEXT, HEADS, HEAD_DIM, K = 64, 2048, 8, 32, 256  # the indexer: M, N, H, D, k
 MAIN_HEADS, MAIN_DIM = 4, 32  # the main attention whose choice the indexer learns
@@ -69,6 +73,19 @@ def indexer_loss(indexer, main, lengths, k=K):
     return sparse_indexer_loss(indexer, main, select_tokens(indexer, lengths, k))
 
 
+def dense_warmup_loss(indexer, main, lengths):
+    """The warm-up stage's loss: the same KL over every position below each row's length,
+    the indexer's logits from `indexer_logits` on bf16 q and keys (-inf past the length)."""
+    bf16 = jnp.bfloat16
+    logits = indexer_logits(
+        indexer["q"].astype(bf16), indexer["keys"].astype(bf16), indexer["weights"], lengths
+    )
+    context = indexer["keys"].shape[0]
+    visible = jnp.arange(context)[None, :] < jnp.clip(lengths, 0, context)[:, None]
+    main_scores = jnp.einsum("mhd,nd->mhn", main["q"], main["keys"]) / np.sqrt(MAIN_DIM)
+    return kl_over_selected(main_scores, logits, visible)
+
+
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8):
     """(init, update) of a plain Adam over a pytree of parameters."""
 
@@ -110,15 +127,14 @@ def random_problem(seed, rows=ROWS, context=CONTEXT):
     return indexer, main
 
 
-def main(steps=60):
-    indexer, main_attention = random_problem(seed=0)
-    lengths = causal_lengths(ROWS, CONTEXT)
+def train(loss_fn, indexer, main_attention, lengths, steps, stage):
+    """`steps` Adam steps on loss_fn(indexer, main, lengths); the indexer and the losses."""
     init, update = adam(learning_rate=3e-2)
     state = init(indexer)
 
     @jax.jit
     def train_step(indexer, state):
-        loss, grads = jax.value_and_grad(indexer_loss)(indexer, main_attention, lengths)
+        loss, grads = jax.value_and_grad(loss_fn)(indexer, main_attention, lengths)
         indexer, state = update(indexer, grads, state)
         return indexer, state, loss
 
@@ -127,8 +143,17 @@ def main(steps=60):
         indexer, state, loss = train_step(indexer, state)
         losses.append(float(loss))
         if step % 10 == 0 or step == steps - 1:
-            print(f"step {step:3d}  indexer KL {losses[-1]:.4f}")
-    assert losses[-1] < 0.8 * losses[0], "the loss should fall"
+            print(f"{stage} step {step:3d}  indexer KL {losses[-1]:.4f}")
+    assert losses[-1] < 0.8 * losses[0], f"the {stage} loss should fall"
+    return indexer, losses
+
+
+def main(steps=60, warmup_steps=20):
+    """The dense warm-up, then the sparse stage from where it left off; the sparse losses."""
+    indexer, main_attention = random_problem(seed=0)
+    lengths = causal_lengths(ROWS, CONTEXT)
+    indexer, _ = train(dense_warmup_loss, indexer, main_attention, lengths, warmup_steps, "dense")
+    _, losses = train(indexer_loss, indexer, main_attention, lengths, steps, "sparse")
     return losses
 
 

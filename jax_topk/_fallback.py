@@ -267,7 +267,8 @@ def indexer_logits(q, keys, weights, key_scales, lengths, *, has_key_scales: boo
     """The lightning indexer's logits [B, M, N] (docs/contract.md section 9) in float32: q
     and keys widened exactly, one float32 dot over D per (query head, key), the key scale,
     relu, then the weighted heads added in ascending order from +0 (an explicit sum, so the
-    order is the same in every graph that computes them); -inf past each row's length."""
+    order is the same in every graph that computes them); -inf past each row's length
+    (lengths None: every row whole)."""
     batch, queries, heads, head_dim = q.shape
     keys_count = keys.shape[1]
     dots = lax.dot_general(
@@ -286,6 +287,15 @@ def indexer_logits(q, keys, weights, key_scales, lengths, *, has_key_scales: boo
     # The stated sum starts at +0: that differs from starting at the first term only where
     # every term is -0, so -0 becomes +0 (a select XLA cannot fold away, as it may `0 + x`).
     logits = jnp.where(logits == 0.0, 0.0, logits)
+    return masked_past_lengths(logits, lengths)
+
+
+def masked_past_lengths(logits, lengths):
+    """Logits [B, M, N] with -inf at every key s >= clamp(lengths[b, t], 0, N); lengths None:
+    unchanged."""
+    if lengths is None:
+        return logits
+    keys_count = logits.shape[2]
     columns = lax.broadcasted_iota(jnp.int32, logits.shape, 2)
     return jnp.where(columns < jnp.clip(lengths, 0, keys_count)[:, :, None], logits, -jnp.inf)
 

@@ -5,9 +5,10 @@ Each takes the `IndexerOperands` of `_indexer_contract` (a leading batch dim of 
 and the static `IndexerParams`, and returns one result. Rules: shape, batching (vmap adds
 sequences to the batch dim: q, keys, weights, lengths and key_scales together, an unmapped
 operand broadcast), JVP (indexer_topk's integer indices carry no tangent; indexer_logits'
-tangent is that of the pure-JAX logits, which forms the [M, H, N] products: fine for tests
-and small problems, while a training loss should recompute only the selected keys' logits in
-JAX), and lowering, through `_indexer_sharding` on several devices.
+tangent is that of the pure-JAX logits, formed a span of keys at a time by
+`_indexer_gradient`, so that a dense loss never holds the [M, H, N] products at once; a
+sparse training loss recomputes only the selected keys' logits in JAX), and lowering,
+through `_indexer_sharding` on several devices.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import jax
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, _fallback
+from . import _compat
 from ._batch_layout import mapped_first
 from ._indexer_contract import LOGITS, TOPK, IndexerOperands, IndexerParams
+from ._indexer_gradient import logits_by_key_spans
 from ._indexer_lowering import indexer_call_p, native_operands
 from ._indexer_sharding import partitioned_call
 
@@ -81,7 +83,7 @@ def _logits_jvp(primals, tangents, *, primitive, params: IndexerParams):
     operands, tangents = IndexerOperands(*primals), IndexerOperands(*tangents)
 
     def pure_logits(q, keys, weights, key_scales):
-        return _fallback.indexer_logits(
+        return logits_by_key_spans(
             q, keys, weights, key_scales, operands.lengths, has_key_scales=params.has_key_scales
         )
 

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import jax_topk
+from jax_topk import _indexer_gradient
+from tests.support.bits import assert_same_bits
 from tests.support.indexer import FP8, logits_then_topk, make_inputs
 from tests.support.operators import K_ERRORS, PAGE_TABLE_ERRORS, permuted_page_table
 
@@ -158,20 +160,38 @@ def test_grad_through_gather(backend):
     assert tangent.dtype == jax.dtypes.float0
 
 
-def test_logits_gradients_match_dense_jax(backend):
-    """indexer_logits' JVP (the pure-JAX logits' tangent): gradients into q, keys, weights and
-    key_scales equal those of a dense JAX evaluation on the same bfloat16-rounded inputs."""
+def force_spans(monkeypatch, queries, heads, keys_per_span):
+    """indexer_logits' tangent formed `keys_per_span` keys a span (of one sequence)."""
+    monkeypatch.setattr(_indexer_gradient, "MIN_SPAN_KEYS", 1)
+    monkeypatch.setattr(_indexer_gradient, "SPAN_ELEMENTS", queries * heads * keys_per_span)
+
+
+@pytest.mark.parametrize("spans", ["one span", "32 spans of 3 keys"])
+@pytest.mark.parametrize("scaled", [True, False], ids=["key_scales", "no_key_scales"])
+def test_logits_gradients_match_dense_jax(backend, spans, scaled, monkeypatch):
+    """indexer_logits' JVP (the pure-JAX logits' tangent, formed a span of keys at a time):
+    gradients into q, keys, weights and key_scales equal those of a dense JAX evaluation on
+    the same bfloat16-rounded inputs, whole or in 32 strided spans."""
+    if spans != "one span":
+        force_spans(monkeypatch, 4, 3, 3)
     rng = np.random.default_rng(45)
-    q, keys, weights = (np.asarray(x, np.float32) for x in make_inputs(rng, 4, 3, 16, 90))
-    key_scales = rng.uniform(0.5, 2.0, size=90).astype(np.float32)
+    n = 96
+    q, keys, weights = (np.asarray(x, np.float32) for x in make_inputs(rng, 4, 3, 16, n))
+    key_scales = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
+    if not scaled:
+        key_scales = np.ones(n, np.float32)
     lengths = np.array([0, 1, 45, 200], np.int32)
-    cotangent = rng.standard_normal((4, 90)).astype(np.float32)
-    visible = np.arange(90)[None, :] < np.clip(lengths, 0, 90)[:, None]
+    cotangent = rng.standard_normal((4, n)).astype(np.float32)
+    visible = np.arange(n)[None, :] < np.clip(lengths, 0, n)[:, None]
 
     def ours(q, keys, weights, key_scales):
         bf16 = jnp.bfloat16
         logits = jax_topk.indexer_logits(
-            q.astype(bf16), keys.astype(bf16), weights, lengths, key_scales=key_scales
+            q.astype(bf16),
+            keys.astype(bf16),
+            weights,
+            lengths,
+            key_scales=key_scales if scaled else None,
         )
         return (jnp.where(visible, logits, 0.0) * cotangent).sum()
 
@@ -183,11 +203,75 @@ def test_logits_gradients_match_dense_jax(backend):
     args = (q, keys, weights, key_scales)
     got = jax.jit(jax.grad(ours, argnums=(0, 1, 2, 3)))(*args)
     want = jax.grad(dense, argnums=(0, 1, 2, 3))(*args)
-    for name, a, b in zip(("q", "keys", "weights", "key_scales"), got, want):
+    names = ("q", "keys", "weights", "key_scales") if scaled else ("q", "keys", "weights")
+    for name, a, b in zip(names, got, want):
         # q and keys' cotangents pass through the cast to bfloat16 (rounded to 8 bits).
         tolerance = 1e-2 if name in ("q", "keys") else 1e-5
         scale = np.abs(np.asarray(b)).max()
         np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_q_gradient_summed_over_spans_in_float32(dtype, monkeypatch):
+    """q's gradient through 1024 spans of keys equals the one-span gradient within one step
+    of q's dtype: the spans' parts add in float32 and round once (adding them in bf16 or
+    fp8 drifted 17 % and 91 % of the largest entry here)."""
+    rng = np.random.default_rng(47)
+    queries, heads, head_dim, n = 2, 2, 16, 8192
+    q = rng.standard_normal((queries, heads, head_dim)).astype(np.float32)
+    keys = jnp.asarray(rng.standard_normal((n, head_dim)), dtype)
+    # Small weights: q's gradient (~ w x the sum of 4096 keys) stays within fp8's 448.
+    weights = (np.abs(rng.standard_normal((queries, heads))) / 64).astype(np.float32)
+
+    def loss(q):
+        return jax_topk.indexer_logits(q.astype(dtype), keys, weights).sum()
+
+    whole = np.asarray(jax.jit(jax.grad(loss))(q))
+    assert np.isfinite(whole).all() and np.abs(whole).max() > 1
+    force_spans(monkeypatch, queries, heads, 8)
+    assert _indexer_gradient.span_count(1, queries, heads, n) == 1024
+    spans = np.asarray(jax.jit(jax.grad(loss))(q))
+    step = 2.0 ** -(jnp.finfo(dtype).nmant)  # one step relative to the value
+    np.testing.assert_allclose(spans, whole, rtol=step, atol=step * np.abs(whole).max() / 64)
+
+
+def test_logits_gradient_never_holds_every_product():
+    """jax.grad of a dense loss through indexer_logits at 64 queries x 64 heads x 65536 keys
+    compiles to temporaries far below the 1 GiB of [M, H, N] float32 products: the tangent's
+    products are formed a span of keys at a time and formed again running back."""
+    queries, heads, head_dim, keys_count = 64, 64, 128, 65536
+    products_bytes = 4 * queries * heads * keys_count
+
+    def loss(q, keys, weights):
+        return jax_topk.indexer_logits(q, keys, weights).sum()
+
+    shapes = (
+        jax.ShapeDtypeStruct((queries, heads, head_dim), jnp.bfloat16),
+        jax.ShapeDtypeStruct((keys_count, head_dim), jnp.bfloat16),
+        jax.ShapeDtypeStruct((queries, heads), jnp.float32),
+    )
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    with jax.default_device(jax.devices("cpu")[0]):
+        memory = grad.lower(*shapes).compile().memory_analysis()
+    assert memory.temp_size_in_bytes < products_bytes // 2, memory  # unsplit: ~3x more
+
+
+def test_vmap_and_grad_without_lengths(backend):
+    """indexer_logits without lengths equals the call with lengths of N under vmap and
+    grad: logits and gradients."""
+    rng = np.random.default_rng(46)
+    q, keys, weights, _ = _sequences(rng)
+    whole = np.full((BATCH, QUERIES), KEYS, np.int32)
+    got = jax.jit(jax.vmap(jax_topk.indexer_logits))(q, keys, weights)
+    assert_same_bits(got, jax.jit(jax.vmap(jax_topk.indexer_logits))(q, keys, weights, whole))
+
+    def loss(q32, w, *lengths):
+        return jax_topk.indexer_logits(q32.astype(jnp.bfloat16), keys[0], w, *lengths).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    q32 = np.asarray(q[0], np.float32)
+    for a, b in zip(grad(q32, weights[0]), grad(q32, weights[0], whole[0])):
+        assert_same_bits(a, b)
 
 
 # --- errors (docs/contract.md sections 5 and 9) --------------------------------------------

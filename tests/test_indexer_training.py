@@ -1,6 +1,7 @@
 """examples/indexer_training.py: the sparse-stage indexer loss, computed on the selected
 tokens only, has the gradients (into q, keys and weights) of a dense reference that computes
-every logit and masks to the same selected set."""
+every logit and masks to the same selected set; the dense warm-up loss through
+indexer_logits has those of dense float32 JAX."""
 
 from __future__ import annotations
 
@@ -25,9 +26,19 @@ example = _load_example()
 ROWS, CONTEXT, K = 16, 128, 32
 
 
+def dense_kl(main, logits, mask):
+    """The loss from all [M, N] indexer logits and the main scores, masked to `mask`:
+    softmaxes with the others at -1e30, KL summed where masked in, mean over rows with any."""
+    main_scores = jnp.einsum("mhd,nd->mhn", main["q"], main["keys"]) / np.sqrt(example.MAIN_DIM)
+    per_head = jax.nn.softmax(jnp.where(mask[:, None], main_scores, -1e30), axis=-1)
+    target = jax.lax.stop_gradient(per_head.mean(axis=1) * mask)
+    log_q = jax.nn.log_softmax(jnp.where(mask, logits, -1e30), axis=-1)
+    kl = jnp.where(mask, target * (jnp.log(target) - log_q), 0.0).sum()
+    return kl / jnp.maximum(jnp.any(mask, axis=-1).sum(), 1)
+
+
 def dense_reference_loss(indexer, main, idx):
-    """All [M, N] logits and main scores, then masked to the positions in `idx`: softmaxes
-    with the others at -1e30, KL summed where selected, mean over rows selecting any."""
+    """All [M, N] logits and main scores, then masked to the positions in `idx`."""
     rows, context = idx.shape[0], indexer["keys"].shape[0]
     selected = idx >= 0
     mask = jnp.zeros((rows, context), bool)
@@ -36,12 +47,7 @@ def dense_reference_loss(indexer, main, idx):
     )
     products = jnp.einsum("mhd,nd->mhn", indexer["q"], indexer["keys"])
     logits = jnp.einsum("mhn,mh->mn", jax.nn.relu(products), indexer["weights"])
-    main_scores = jnp.einsum("mhd,nd->mhn", main["q"], main["keys"]) / np.sqrt(example.MAIN_DIM)
-    per_head = jax.nn.softmax(jnp.where(mask[:, None], main_scores, -1e30), axis=-1)
-    target = jax.lax.stop_gradient(per_head.mean(axis=1) * mask)
-    log_q = jax.nn.log_softmax(jnp.where(mask, logits, -1e30), axis=-1)
-    kl = jnp.where(mask, target * (jnp.log(target) - log_q), 0.0).sum()
-    return kl / jnp.maximum(jnp.any(mask, axis=-1).sum(), 1)
+    return dense_kl(main, logits, mask)
 
 
 LENGTHS = {
@@ -71,6 +77,43 @@ def test_sparse_loss_and_gradients_match_dense(lengths_kind):
         assert np.isfinite(sparse).all(), name
         assert np.abs(dense).max() > 0, name
         np.testing.assert_allclose(sparse, dense, rtol=1e-5, atol=1e-6 * np.abs(dense).max())
+
+
+def dense_warmup_reference(indexer, main, lengths):
+    """The warm-up loss from dense float32 JAX on the same bf16-rounded q and keys: every
+    logit of a row below its length, -1e30 past it."""
+    context = indexer["keys"].shape[0]
+    q, keys = (indexer[name].astype(jnp.bfloat16).astype(jnp.float32) for name in ("q", "keys"))
+    visible = jnp.arange(context)[None, :] < jnp.clip(lengths, 0, context)[:, None]
+    products = jnp.einsum("mhd,nd->mhn", q, keys, precision="highest")
+    weights = indexer["weights"]
+    logits = jnp.einsum("mhn,mh->mn", jax.nn.relu(products), weights, precision="highest")
+    return dense_kl(main, logits, visible)
+
+
+@pytest.mark.parametrize("spans", ["one span", "8 spans of 16 keys"])
+def test_dense_warmup_gradients_match_dense_jax(spans, monkeypatch):
+    """The warm-up loss through indexer_logits (its gradient formed span by span when
+    forced) has the loss and gradients of dense float32 JAX."""
+    from jax_topk import _indexer_gradient
+
+    if spans != "one span":
+        monkeypatch.setattr(_indexer_gradient, "MIN_SPAN_KEYS", 1)
+        monkeypatch.setattr(_indexer_gradient, "SPAN_ELEMENTS", ROWS * example.HEADS * 16)
+        assert _indexer_gradient.span_count(1, ROWS, example.HEADS, CONTEXT) == 8
+    indexer, main = example.random_problem(seed=6, rows=ROWS, context=CONTEXT)
+    lengths = LENGTHS["edges"]()
+    loss, grads = jax.jit(jax.value_and_grad(example.dense_warmup_loss))(indexer, main, lengths)
+    want_loss, want = jax.value_and_grad(dense_warmup_reference)(indexer, main, lengths)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    for name in ("q", "keys", "weights"):
+        got, dense = np.asarray(grads[name]), np.asarray(want[name])
+        assert np.isfinite(got).all() and np.abs(dense).max() > 0, name
+        # q and keys' cotangents are rounded to bfloat16 at their cast, after sums whose
+        # order differs: one bfloat16 step (2^-8) apart at most.
+        tolerance = 1e-2 if name in ("q", "keys") else 1e-5
+        scale = np.abs(dense).max()
+        np.testing.assert_allclose(got, dense, rtol=tolerance, atol=tolerance * scale, err_msg=name)
 
 
 def test_gradients_under_jit_equal_eager():

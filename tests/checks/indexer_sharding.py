@@ -15,12 +15,13 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_topk  # noqa: E402
-from jax_topk import _lowering, _sharding  # noqa: E402
+from jax_topk import _indexer_gradient, _lowering, _sharding  # noqa: E402
 from tests.checks.column_sharding import (  # noqa: E402
     COLLECTIVES,
     PAGE_SIZE,
@@ -92,6 +93,8 @@ def check_key_layout(shape, names, row_axis, key_axis, axis_type, rng):
     shared = permuted_page_table(rng, 3, N // PAGE_SIZE + 1)
     table_rows = rng.integers(-2, 5, size=ROWS).astype(np.int32)
     logits = jax.jit(lambda a, b, c, d, s: jax_topk.indexer_logits(a, b, c, d, key_scales=s))
+    every_key = jax.jit(lambda a, b, c, s: jax_topk.indexer_logits(a, b, c, key_scales=s))
+    whole = np.full(ROWS, N, np.int32)
     per_row = jax.jit(
         lambda a, b, c, d, s, t, v: jax_topk.indexer_topk(
             a, b, c, d, k=40, key_scales=s, page_table=t, page_size=PAGE_SIZE, num_valid_rows=v
@@ -118,6 +121,11 @@ def check_key_layout(shape, names, row_axis, key_axis, axis_type, rng):
             np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32), f"logits {index}"
         )
         assert got.sharding.spec[1] == key_axis, got.sharding
+        got = every_key(*sharded[:3], sharded_scales)  # no lengths: each shard scores all
+        want = logits(*plain[:3], whole, scales)
+        np.testing.assert_array_equal(
+            np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32), f"whole {index}"
+        )
         valid = (ROWS, 0, 13, -1, INT32_MAX)[index]
         got = per_row(*sharded, sharded_scales, put(table, P(row_axis, None)), np.int32(valid))
         want = per_row(*plain, scales, table, np.int32(valid))
@@ -125,8 +133,9 @@ def check_key_layout(shape, names, row_axis, key_axis, axis_type, rng):
         got = shared_table(*sharded, shared, put(table_rows, P(row_axis)))
         want = shared_table(*plain, shared, table_rows)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want), f"shared {index}")
-        checks += 3
+        checks += 4
     assert_nothing_moves(logits, (*sharded, sharded_scales))
+    assert_nothing_moves(every_key, (*sharded[:3], sharded_scales))
     args = (*sharded, shared, put(table_rows, P(row_axis)))
     gathers += assert_only_candidates_move(shared_table, args, local_n)
     assert gathers > 0, "no candidates crossed devices: the keys were not split"
@@ -170,6 +179,9 @@ def check_fallback_key_sharding(rng):
         past = np.isinf(want)
         np.testing.assert_array_equal(got[past], want[past])
         assert np.all(np.abs(got[~past] - want[~past]) <= TOLERANCE[q.dtype] * scale[~past])
+        got = np.asarray(jax.jit(jax_topk.indexer_logits)(q, jax.device_put(keys, split), weights))
+        want, scale = reference_logits(q, keys, weights)  # without lengths: every key
+        assert np.isfinite(got).all() and np.all(np.abs(got - want) <= TOLERANCE[q.dtype] * scale)
         q, keys, weights = make_inputs(rng, ROWS, HEADS, HEAD_DIM, N, family="integers")
         fn = jax.jit(lambda a, b, c, d: jax_topk.indexer_topk(a, b, c, d, k=40, sorted=True))
         sharded = (q, jax.device_put(keys, split), weights, lengths)
@@ -190,6 +202,7 @@ def check_under_set_mesh(rng):
     logits = jax.jit(jax_topk.indexer_logits)
     plain = (q, keys, weights, lengths)
     want_topk, want_logits = topk(*plain, np.int32(13)), logits(*plain)
+    want_every_key = logits(*plain[:3])  # without lengths
     checks = 0
     for axis_type in (jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto):
         mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(axis_type,) * 2)
@@ -203,10 +216,57 @@ def check_under_set_mesh(rng):
                 np.testing.assert_array_equal(
                     np.asarray(got).view(np.uint32), np.asarray(want_logits).view(np.uint32)
                 )
+                got = logits(*sharded[:3])
+                np.testing.assert_array_equal(
+                    np.asarray(got).view(np.uint32), np.asarray(want_every_key).view(np.uint32)
+                )
                 if key_axis is not None:
                     moved = assert_only_candidates_move(topk, (*sharded, np.int32(13)), N // 4)
                     assert moved > 0, "no candidates crossed devices: the keys were not split"
-            checks += 2
+            checks += 3
+    return checks
+
+
+def check_gradient_with_keys_split(rng):
+    """jax.grad through indexer_logits with the keys split over 4 devices (and the rows over
+    2 or not), its tangent forced into 8 strided spans of 128 keys, under Explicit and Auto
+    axes: the gradients equal the unsharded ones within float32 reassociation, the keys'
+    gradient comes out split as the keys, and nothing is all-gathered (each device forms
+    its own keys' products)."""
+    n = 1024
+    q, keys, weights = (
+        np.asarray(x, np.float32) for x in make_inputs(rng, ROWS, HEADS, HEAD_DIM, n)
+    )
+    lengths = rng.integers(-2, n + 3, size=ROWS).astype(np.int32)
+
+    def loss(q, keys, weights):
+        bf16 = jnp.bfloat16
+        logits = jax_topk.indexer_logits(q.astype(bf16), keys.astype(bf16), weights, lengths)
+        return jnp.sum(jnp.where(jnp.isfinite(logits), logits, 0.0) ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    saved = _indexer_gradient.SPAN_ELEMENTS, _indexer_gradient.MIN_SPAN_KEYS
+    _indexer_gradient.SPAN_ELEMENTS, _indexer_gradient.MIN_SPAN_KEYS = ROWS * HEADS * 128, 1
+    checks = 0
+    try:
+        assert _indexer_gradient.span_count(1, ROWS, HEADS, n, 4) == 8
+        want = grad(q, keys, weights)
+        for axis_type in (jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto):
+            mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(axis_type,) * 2)
+            for row_axis in (None, "x"):
+                sharded = [
+                    jax.device_put(x, NamedSharding(mesh, spec))
+                    for x, spec in ((q, P(row_axis)), (keys, P("y")), (weights, P(row_axis)))
+                ]
+                got = grad(*sharded)
+                for name, a, b in zip(("q", "keys", "weights"), got, want):
+                    scale = np.abs(np.asarray(b)).max()
+                    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale, err_msg=name)
+                assert got[1].sharding.spec[0] == "y", got[1].sharding
+                assert_no_gather(grad, sharded)
+                checks += 1
+    finally:
+        _indexer_gradient.SPAN_ELEMENTS, _indexer_gradient.MIN_SPAN_KEYS = saved
     return checks
 
 
@@ -295,6 +355,7 @@ def main():
     checks += check_key_sharded_sequences(rng)
     checks += check_fallback_key_sharding(rng)
     checks += check_under_set_mesh(rng)
+    checks += check_gradient_with_keys_split(rng)
     print(
         f"indexer context parallelism ({_sharding.COLUMN_MERGE}): {checks} key-sharded calls "
         "equal the unsharded ones, only the candidates cross devices"
