@@ -309,7 +309,7 @@ def indexer_call(*operands, params):
         operands.keys,
         operands.weights,
         operands.key_scales,
-        operands.lengths,
+        operands.lengths if params.has_lengths else None,
         has_key_scales=params.has_key_scales,
     )
     if params.op == LOGITS:

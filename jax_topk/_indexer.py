@@ -27,7 +27,7 @@ def _bind(params, q, keys, weights, key_scales, lengths, **optional):
         key_scales=IndexerOperands.absent(2, jnp.float32)
         if key_scales is None
         else key_scales[None],
-        lengths=as_int32(lengths)[None],
+        lengths=IndexerOperands.absent(2) if lengths is None else as_int32(lengths)[None],
         page_table=IndexerOperands.absent(3),
         table_rows=IndexerOperands.absent(2),
         num_valid_rows=IndexerOperands.absent(1),
@@ -45,14 +45,13 @@ def indexer_logits(q, keys, weights, lengths=None, *, key_scales=None):
     `key_scales` float32 [N] or None (scales of 1). Products and sums in float32, in an
     order fixed per backend: the same bits every run.
     """
-    q, keys, weights, key_scales, queries, keys_count = _inputs(
-        LOGITS, q, keys, weights, key_scales
+    q, keys, weights, key_scales, queries, _ = _inputs(LOGITS, q, keys, weights, key_scales)
+    if lengths is not None:
+        lengths = host_integers(lengths)
+        _checks.check_lengths(LOGITS, lengths, (queries,))
+    params = IndexerParams(
+        op=LOGITS, has_key_scales=key_scales is not None, has_lengths=lengths is not None
     )
-    if lengths is None:
-        lengths = jnp.full((queries,), keys_count, jnp.int32)
-    lengths = host_integers(lengths)
-    _checks.check_lengths(LOGITS, lengths, (queries,))
-    params = IndexerParams(op=LOGITS, has_key_scales=key_scales is not None)
     return _bind(params, q, keys, weights, key_scales, lengths)[0]
 
 
@@ -94,6 +93,7 @@ def indexer_topk(
     params = IndexerParams(
         op=TOPK,
         has_key_scales=key_scales is not None,
+        has_lengths=True,  # required: checked above
         k=k,
         log2_page_size=log2_page_size,
         sorted=sorted,

@@ -2,7 +2,8 @@
 
 - `IndexerOperands`: what one call of either primitive passes, every array with a leading
   batch dim (the sequences of a vmap; 1 outside one). `indexer_logits` passes placeholders
-  for the page table, table_rows and num_valid_rows.
+  for the page table, table_rows and num_valid_rows, and for lengths when it has none (so
+  that no [M] array of N is built on every call: XLA keeps such a fill as a kernel).
 - `IndexerParams`: the static parameters; `ffi_attributes()` gives the attributes both
   targets decode by name, `result_aval()` the one result.
 
@@ -36,7 +37,7 @@ class IndexerOperands(NamedTuple):
     keys: Any  # [B, N, D], q's dtype
     weights: Any  # float32 [B, M, H]
     key_scales: Any  # float32 [B, N]; absent: float32 [0, 0]
-    lengths: Any  # int32 [B, M]
+    lengths: Any  # int32 [B, M]; absent (indexer_logits without lengths): int32 [0, 0]
     page_table: Any  # int32 [B, M, pages] or, with table_rows, [B, T, pages]; absent [0, 0, 0]
     table_rows: Any  # int32 [B, M], rows of the call's own [T, pages] table; absent: [0, 0]
     num_valid_rows: Any  # int32 [B], one limit per sequence; absent: [0]
@@ -52,6 +53,7 @@ class IndexerParams:
 
     op: str  # LOGITS or TOPK
     has_key_scales: bool
+    has_lengths: bool  # False only for indexer_logits called without lengths
     k: int = 1
     log2_page_size: int = 0
     sorted: bool = False
@@ -71,6 +73,7 @@ class IndexerParams:
             log2_page_size=np.int32(self.log2_page_size),
             sorted=np.bool_(self.sorted),
             has_key_scales=np.bool_(self.has_key_scales),
+            has_lengths=np.bool_(self.has_lengths),
             has_page_table=np.bool_(self.has_page_table),
             has_table_rows=np.bool_(self.has_table_rows),
             has_num_valid_rows=np.bool_(self.has_num_valid_rows),

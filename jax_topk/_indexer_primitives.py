@@ -47,7 +47,7 @@ def _present(params: IndexerParams) -> IndexerOperands:
         keys=True,
         weights=True,
         key_scales=params.has_key_scales,
-        lengths=True,
+        lengths=params.has_lengths,
         page_table=params.has_page_table,
         table_rows=params.has_table_rows,
         num_valid_rows=params.has_num_valid_rows,
@@ -83,8 +83,9 @@ def _logits_jvp(primals, tangents, *, primitive, params: IndexerParams):
     operands, tangents = IndexerOperands(*primals), IndexerOperands(*tangents)
 
     def pure_logits(q, keys, weights, key_scales):
+        lengths = operands.lengths if params.has_lengths else None
         return logits_by_key_spans(
-            q, keys, weights, key_scales, operands.lengths, has_key_scales=params.has_key_scales
+            q, keys, weights, key_scales, lengths, has_key_scales=params.has_key_scales
         )
 
     differentiable = ("q", "keys", "weights", "key_scales")

@@ -82,7 +82,7 @@ def _shardings(params: IndexerParams, mesh, batch_axes, query_axes, key_axes):
         keys=PartitionSpec(b, n, None),
         weights=PartitionSpec(b, m, None),
         key_scales=PartitionSpec(b, n) if params.has_key_scales else replicated,
-        lengths=PartitionSpec(b, m),
+        lengths=PartitionSpec(b, m) if params.has_lengths else replicated,
         page_table=page_table,
         table_rows=PartitionSpec(b, m) if params.has_table_rows else replicated,
         num_valid_rows=PartitionSpec(b) if params.has_num_valid_rows else replicated,
@@ -103,12 +103,17 @@ def _key_shard_call(params: IndexerParams, local: IndexerOperands, *, mesh, n: i
     range); for indexer_topk, topk_filtered's column-sharded selection of them."""
     local_n = local.keys.shape[1]
     offset = _shard_index(mesh, key_axes) * local_n
-    logits_params = IndexerParams(op=LOGITS, has_key_scales=params.has_key_scales)
+    logits_params = IndexerParams(
+        op=LOGITS, has_key_scales=params.has_key_scales, has_lengths=params.has_lengths
+    )
     absent = IndexerOperands.absent
+    lengths = local.lengths
+    if params.has_lengths:  # without lengths each shard's keys are all in range
+        lengths = column_lengths(lengths, n, offset, local_n)
     (logits,) = _bind(
         logits_params,
         *local._replace(
-            lengths=column_lengths(local.lengths, n, offset, local_n),
+            lengths=lengths,
             page_table=absent(3),
             table_rows=absent(2),
             num_valid_rows=absent(1),
@@ -181,7 +186,7 @@ def _sharding_rule(params: IndexerParams, mesh, arg_shapes, result_shape):
         keys="b n d",
         weights="b m h",
         key_scales="b n" if params.has_key_scales else "s0 s1",
-        lengths="b m",
+        lengths="b m" if params.has_lengths else "l0 l1",
         page_table=page_table,
         table_rows="b m" if params.has_table_rows else "r0 r1",
         num_valid_rows="b" if params.has_num_valid_rows else "v0",

@@ -216,12 +216,38 @@ def test_cpu_logits_in_the_stated_order(dtype, heads, head_dim, n, values, scale
 
 
 def test_logits_without_lengths_cover_every_key(backend):
+    """Without lengths every key is scored: within the bound of the reference, and the same
+    bits as lengths of N and beyond (the handlers' null-lengths route against the clamp)."""
     rng = np.random.default_rng(7)
     q, keys, weights = make_inputs(rng, 3, 2, 16, 130)
     got = run(jax_topk.indexer_logits, backend, q, keys, weights)
     want, scale = reference_logits(q, keys, weights)
     assert np.isfinite(got).all()
     assert (np.abs(got - want) <= TOLERANCE[BF16] * scale).all()
+    whole = np.array([130, 131, np.iinfo(np.int32).max], np.int32)
+    given = run(jax_topk.indexer_logits, backend, q, keys, weights, lengths=whole)
+    np.testing.assert_array_equal(got.view(np.uint32), given.view(np.uint32))
+
+
+def test_logits_without_lengths_pass_no_lengths_array():
+    """indexer_logits without lengths hands the handlers the empty placeholder and
+    has_lengths = false (an [M] array of N built inside jit is a fill kernel on every call);
+    with lengths, its [1, M] array and has_lengths = true; indexer_topk always has both."""
+    rng = np.random.default_rng(13)
+    q, keys, weights = make_inputs(rng, 37, 2, 16, 300)
+    lengths = np.full(37, 300, np.int32)
+
+    def custom_calls(fn, *args):
+        text = jax.jit(fn).lower(*args).as_text()
+        return text, [line for line in text.splitlines() if "custom_call @jax_topk_indexer" in line]
+
+    text, calls = custom_calls(jax_topk.indexer_logits, q, keys, weights)
+    assert len(calls) == 1 and "has_lengths = false" in calls[0]
+    assert "37xi32>" not in text
+    for fn in (jax_topk.indexer_logits, lambda *a: jax_topk.indexer_topk(*a, k=8)):
+        _, calls = custom_calls(fn, q, keys, weights, lengths)
+        assert len(calls) == 1 and "has_lengths = true" in calls[0]
+        assert "tensor<1x37xi32>" in calls[0]
 
 
 def test_logit_of_no_positive_head_is_plus_zero(backend):

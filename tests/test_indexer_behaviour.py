@@ -10,6 +10,7 @@ import pytest
 
 import jax_topk
 from jax_topk import _indexer_gradient
+from jax_topk._indexer_contract import LOGITS, TOPK, IndexerParams
 from tests.support.bits import assert_same_bits
 from tests.support.indexer import FP8, logits_then_topk, make_inputs
 from tests.support.operators import K_ERRORS, PAGE_TABLE_ERRORS, permuted_page_table
@@ -257,8 +258,8 @@ def test_logits_gradient_never_holds_every_product():
 
 
 def test_vmap_and_grad_without_lengths(backend):
-    """indexer_logits without lengths equals the call with lengths of N under vmap and
-    grad: logits and gradients."""
+    """indexer_logits without lengths (an unbatched placeholder under vmap, a pure-JAX
+    tangent without a mask) equals the call with lengths of N: logits and gradients."""
     rng = np.random.default_rng(46)
     q, keys, weights, _ = _sequences(rng)
     whole = np.full((BATCH, QUERIES), KEYS, np.int32)
@@ -272,6 +273,41 @@ def test_vmap_and_grad_without_lengths(backend):
     q32 = np.asarray(q[0], np.float32)
     for a, b in zip(grad(q32, weights[0]), grad(q32, weights[0], whole[0])):
         assert_same_bits(a, b)
+
+
+def _raw_indexer_call(op, result_shape, has_lengths, lengths):
+    """An indexer custom call bound by hand on the CPU (bf16, M = 4, H = 2, D = 16, N = 64),
+    bypassing the shape rule: the handler's own checks are what it meets."""
+    absent = [jnp.zeros((0,) * ndim, jnp.int32) for ndim in (3, 2, 1)]  # table, rows, limits
+    operands = (
+        jnp.zeros((1, 4, 2, 16), jnp.bfloat16),
+        jnp.zeros((1, 64, 16), jnp.bfloat16),
+        jnp.ones((1, 4, 2), jnp.float32),
+        jnp.zeros((0, 0), jnp.float32),  # no key scales
+        lengths,
+        *absent,
+    )
+    params = IndexerParams(op=op, has_key_scales=False, has_lengths=has_lengths, k=8)
+    dtype = jnp.float32 if op == LOGITS else jnp.int32
+    call = jax.ffi.ffi_call(params.target, jax.ShapeDtypeStruct(result_shape, dtype))
+    with jax.default_device(jax.devices("cpu")[0]):
+        return np.asarray(jax.block_until_ready(call(*operands, **params.ffi_attributes())))
+
+
+def test_handlers_check_the_lengths_they_are_told_of():
+    """Bound by hand: indexer_logits ignores a lengths array when has_lengths is false (lengths
+    of 0 would make every logit -inf; every key is scored: +0, relu(0) summed), reads it when
+    true, and refuses one of the wrong size; indexer_topk refuses a call without lengths."""
+    zero_lengths, no_lengths = jnp.zeros((1, 4), jnp.int32), jnp.zeros((0, 0), jnp.int32)
+    for lengths in (zero_lengths, no_lengths):
+        logits = _raw_indexer_call(LOGITS, (1, 4, 64), False, lengths)
+        assert_same_bits(logits, np.zeros((1, 4, 64), np.float32))
+    logits = _raw_indexer_call(LOGITS, (1, 4, 64), True, zero_lengths)
+    assert_same_bits(logits, np.full((1, 4, 64), -np.inf, np.float32))
+    with pytest.raises(Exception, match="lengths or key_scales do not match"):
+        _raw_indexer_call(LOGITS, (1, 4, 64), True, no_lengths)
+    with pytest.raises(Exception, match="indexer_topk needs lengths"):
+        _raw_indexer_call(TOPK, (1, 4, 8), False, zero_lengths)
 
 
 # --- errors (docs/contract.md sections 5 and 9) --------------------------------------------

@@ -5,7 +5,8 @@
 // Operands: q [B, M, H, D] and keys [B, N, D] (BF16 or F8E4M3FN, one type), weights f32
 // [B, M, H], key_scales f32 [B, N], lengths s32 [B, M], page_table s32 [rows, pages],
 // table_rows s32 [B * M] (rows of that flat table), num_valid_rows s32 [B]; an absent optional
-// operand is a placeholder its has_* attribute marks. Result: jax_topk_indexer_logits writes
+// operand is a placeholder its has_* attribute marks (lengths may be absent for
+// jax_topk_indexer_logits only: every row whole). Result: jax_topk_indexer_logits writes
 // f32 logits [B, M, N]; jax_topk_indexer_topk writes s32 indices [B, M, k] (a backend may bind
 // workspaces after it).
 #pragma once
@@ -22,12 +23,13 @@ namespace jax_topk {
 using Float32Buffer = ffi::Buffer<ffi::F32>;
 
 // Both targets take every attribute (XLA checks the count); indexer_logits reads only
-// has_key_scales.
+// has_key_scales and has_lengths.
 struct IndexerAttrs {
   int32_t k;
   int32_t log2_page_size;
   bool sorted;
   bool has_key_scales;
+  bool has_lengths;
   bool has_page_table;
   bool has_table_rows;
   bool has_num_valid_rows;
@@ -35,13 +37,11 @@ struct IndexerAttrs {
 
 }  // namespace jax_topk
 
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_topk::IndexerAttrs, StructMember<int32_t>("k"),
-                                      StructMember<int32_t>("log2_page_size"),
-                                      StructMember<bool>("sorted"),
-                                      StructMember<bool>("has_key_scales"),
-                                      StructMember<bool>("has_page_table"),
-                                      StructMember<bool>("has_table_rows"),
-                                      StructMember<bool>("has_num_valid_rows"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    jax_topk::IndexerAttrs, StructMember<int32_t>("k"), StructMember<int32_t>("log2_page_size"),
+    StructMember<bool>("sorted"), StructMember<bool>("has_key_scales"),
+    StructMember<bool>("has_lengths"), StructMember<bool>("has_page_table"),
+    StructMember<bool>("has_table_rows"), StructMember<bool>("has_num_valid_rows"));
 
 namespace jax_topk {
 
@@ -105,8 +105,9 @@ inline ffi::Error DecodeIndexerCall(const TopkTarget& target, const IndexerOpera
   p.head_dim = q_dims[3];
   p.keys_count = keys_dims[1];
   const size_t rows = static_cast<size_t>(p.batch * p.queries);
+  if (selects && !attrs.has_lengths) return InvalidTopkCall(target, "indexer_topk needs lengths");
   if (operands.weights.element_count() != rows * p.heads ||
-      operands.lengths.element_count() != rows ||
+      (attrs.has_lengths && operands.lengths.element_count() != rows) ||
       (attrs.has_key_scales &&
        operands.key_scales.element_count() != static_cast<size_t>(p.batch * p.keys_count)))
     return InvalidTopkCall(target, "weights, lengths or key_scales do not match q and keys");
@@ -117,7 +118,7 @@ inline ffi::Error DecodeIndexerCall(const TopkTarget& target, const IndexerOpera
   p.keys = operands.keys.untyped_data();
   p.weights = operands.weights.typed_data();
   p.key_scales = attrs.has_key_scales ? operands.key_scales.typed_data() : nullptr;
-  p.lengths = operands.lengths.typed_data();
+  p.lengths = attrs.has_lengths ? operands.lengths.typed_data() : nullptr;  // null: rows whole
   if (!selects) {
     if (result_count != rows * p.keys_count)
       return InvalidTopkCall(target, "the logits must be [B, M, N]");
