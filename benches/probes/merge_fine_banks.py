@@ -7,8 +7,8 @@ codes); a wavefront per distinct word of the busiest bank (a read of one word br
 Codes: (key, column) as the sorted output ranks them, (column, key) as the unsorted output's
 second placing does. Layouts of word j of thread t's 32 buckets: `column` (j * 512 + t: all 32
 in one bank; before 2026-12-05), `swizzled` (t's low five bits flipped by j and by t's parity:
-as good, but its addresses cost registers), `padded` (j * 514 + t: branch merge-fine-banks,
-awaiting its GPU run) and `linear` (bucket b in word b / 2, for scale; its scan would conflict).
+as good, but its addresses cost registers), `padded` (j * 514 + t: FineBuckets::WordAt) and
+`linear` (bucket b in word b / 2, for scale; its scan would conflict).
 Run from the repo root: python -m benches.probes.merge_fine_banks"""
 
 from __future__ import annotations
