@@ -39,7 +39,7 @@ build new
   python3 -m tests.checks.sanitizer merge >"$out/memcheck.log" 2>&1
   echo "memcheck rc=$?" >>"$out/memcheck.log") &
 wait
-tail -2 "$out/pytest.log" "$out/memcheck.log"
+tail -n 2 "$out/pytest.log" "$out/memcheck.log"
 measure new
 mapfile -t swapped < <(cd ab_base && find . -type f | sed 's|^\./||')
 put_back() {  # this tree's own files again, also when the old build fails
