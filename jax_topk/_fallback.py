@@ -229,8 +229,9 @@ def merge_places(values, indices, *, k: int, sorted: bool, earlier_first: bool =
     index is >= 0 and its value is not NaN. One `lax.sort` by (not a candidate, key
     descending, column ascending); `sorted=False` orders the k winners by (column ascending,
     key descending). Entries equal in key and column are the same (value, column), so which
-    of them goes first shows only in a tangent: `earlier_first` (the JVP rule) adds the place
-    as a last sort key, so that the earlier goes first; otherwise it rides along unsorted."""
+    of them goes first shows only in a tangent: `earlier_first` (the JVP rule's order, which
+    `winner_places` finds from the winners) adds the place as a last sort key, so that the
+    earlier goes first; otherwise it rides along unsorted."""
     rows, m = values.shape
     keys, is_nan = ordered_keys(values)
     candidate = (indices >= 0) & ~is_nan
@@ -251,6 +252,45 @@ def merge_places(values, indices, *, k: int, sorted: bool, earlier_first: bool =
         )
     places = jnp.where(empty, EMPTY_SLOT, places)
     return jnp.pad(places, ((0, 0), (0, k - width)), constant_values=EMPTY_SLOT)
+
+
+def winner_places(values, indices, won_values, won_indices, *, sorted: bool):
+    """merge_places(values, indices, k, sorted, earlier_first=True) from the merge's own
+    winners (won_values, won_indices [rows, k]), without sorting the m candidates: only the
+    k winners are sorted. The last winner in rank order (the smallest key of the filled
+    slots, of those the largest column) and how many slots hold its (key, column) decide
+    each candidate in one pass: it wins iff it ranks above that pair, or holds the pair and
+    fewer than that many earlier places do. The winners, compacted in place order (a running
+    count), are then sorted by the output's order with the place last."""
+    rows, m = values.shape
+    k = won_values.shape[1]
+    keys, is_nan = ordered_keys(values)
+    candidate = (indices >= 0) & ~is_nan
+    won_keys, _ = ordered_keys(won_values)
+    filled = won_indices >= 0
+    key_limit = np.iinfo(keys.dtype).max
+    last_key = jnp.min(jnp.where(filled, won_keys, key_limit), axis=1, keepdims=True)
+    at_last_key = filled & (won_keys == last_key)
+    last_column = jnp.max(jnp.where(at_last_key, won_indices, EMPTY_SLOT), axis=1, keepdims=True)
+    last_count = jnp.sum(at_last_key & (won_indices == last_column), axis=1, keepdims=True)
+    # A row without a winner: last_key is the limit and last_column -1, so nothing wins.
+    above = (keys > last_key) | ((keys == last_key) & (indices < last_column))
+    holds_last = candidate & (keys == last_key) & (indices == last_column)
+    earlier_holding = jnp.cumsum(holds_last, axis=1, dtype=jnp.int32) - holds_last
+    wins = candidate & (above | (holds_last & (earlier_holding < last_count)))
+    # Compacted in place order: winner j (a running count) to slot j; others dropped.
+    slot = jnp.where(wins, jnp.cumsum(wins, axis=1, dtype=jnp.int32) - 1, k)
+    compact = jax.vmap(lambda s, p: jnp.full((k,), m, jnp.int32).at[s].set(p, mode="drop"))(
+        slot, places_along(indices)
+    )
+    present = compact < m
+    source = jnp.minimum(compact, m - 1)
+    ranked_keys = ~jnp.take_along_axis(keys, source, axis=1)
+    columns = jnp.take_along_axis(indices, source, axis=1)
+    absent = (~present).astype(jnp.int32)
+    order = (absent, ranked_keys, columns) if sorted else (absent, columns, ranked_keys)
+    *_, places = lax.sort((*order, compact), dimension=1, num_keys=4)
+    return jnp.where(places < m, places, EMPTY_SLOT)
 
 
 def merge(values, indices, *, k: int, sorted: bool):

@@ -140,8 +140,9 @@ def _merged(values, indices, k, sorted, differentiable):
 
 @_merged.defjvp
 def _merged_jvp(k, sorted, differentiable, primals, tangents):
-    """top_k's rule: a winner's tangent is its candidate's (the candidate's place found by
-    the exact pure-JAX merge, `_fallback.merge_places`); 0 in empty slots; none for indices.
+    """top_k's rule: a winner's tangent is its candidate's (the winners' places among the
+    candidates found from the merge's own result, `_fallback.winner_places`); 0 in empty
+    slots; none for indices.
     `differentiable`: the caller's values are floats (integers and bool widened to floats
     for the kernel have no tangent, and their places are not searched for)."""
     values, indices = primals
@@ -154,7 +155,9 @@ def _merged_jvp(k, sorted, differentiable, primals, tangents):
         return (merged_values, merged_indices), (jnp.zeros_like(merged_values), no_tangent)
     # Under Explicit sharding the candidates' axis is gathered first, as top_k's rule does.
     values, indices = _fallback.columns_gathered(values), _fallback.columns_gathered(indices)
-    places = _fallback.merge_places(values, indices, k=k, sorted=sorted, earlier_first=True)
+    won_values = _fallback.columns_gathered(merged_values)
+    won_indices = _fallback.columns_gathered(merged_indices)
+    places = _fallback.winner_places(values, indices, won_values, won_indices, sorted=sorted)
     picked = jnp.take_along_axis(
         _fallback.columns_gathered(values_dot), jnp.maximum(places, 0), axis=1
     )

@@ -270,6 +270,54 @@ def test_tangents_of_empty_slots_and_repeated_candidates(backend):
     assert int_dot.dtype == jax.dtypes.float0 and int_dot.shape == (1, 3)
 
 
+@pytest.mark.parametrize("dtype", [*FAST_DTYPES, "float64"])
+def test_winner_places_equal_the_sorted_merge_places(backend, dtype):
+    """The JVP's places (found from the merge's own winners: one pass over the candidates,
+    a sort of the k winners only) equal those of the sort of every candidate that picks
+    the winners, both output orders, with the winners from this backend's merge_topk and
+    from the pure-JAX merge: ties across lists, repeated columns with other values,
+    repeated (value, column) pairs taken more than once, -1 and NaN entries, +-0, rows
+    without a candidate or with fewer than k, the largest column."""
+    with jax.enable_x64(dtype == "float64"):  # float64: the exact path, int64 keys
+        _check_winner_places(backend, dtype)
+
+
+def _check_winner_places(backend, dtype):
+    from jax_topk import _fallback
+
+    rng = np.random.default_rng(27)
+    rows, m = 14, 600
+    values = families.make("heavy_ties", rng, (rows, m), dtype)
+    values[1] = families.make("signed_zeros", rng, (m,), dtype)
+    values[2] = families.make("nan_mix", rng, (m,), dtype)
+    if dtype != "float64":  # the family draws at most 32 bits
+        values[3] = families.make("random_bits", rng, (m,), dtype)
+    values[10] = 1.0  # one value: the column and the place decide
+    indices = rng.integers(0, 400, size=(rows, m)).astype(np.int32)  # many repeated columns
+    indices[4] = np.arange(m)  # distinct
+    indices[5, 300:] = indices[5, :300]  # every pair given twice
+    values[5, 300:] = values[5, :300]
+    indices[6, ::3] = -1
+    indices[7] = -1  # no candidate
+    values[8] = np.nan
+    indices[9, :5] = 2**31 - 1  # the largest column
+    indices[10, 100:] = 7  # 500 equal (value, column) pairs
+    indices[11, 20:] = -1  # 20 candidates
+    device = device_for(backend)
+    values, indices = jax.device_put(values, device), jax.device_put(indices, device)
+    for k in (1, 37, 450, m):
+        for sorted_ in (True, False):
+            want = _fallback.merge_places(values, indices, k=k, sorted=sorted_, earlier_first=True)
+            for source, winners in (
+                ("merge_topk", jax_topk.merge_topk(values, indices, k, sorted=sorted_)),
+                ("pure JAX", _fallback.merge(values, indices, k=k, sorted=sorted_)),
+            ):
+                got = _fallback.winner_places(values, indices, *winners, sorted=sorted_)
+                np.testing.assert_array_equal(
+                    np.asarray(got), np.asarray(want), f"{source} k={k} sorted={sorted_}"
+                )
+
+
 def test_trace_time_errors():
     values, indices = jnp.zeros((2, 10), jnp.float32), jnp.zeros((2, 10), jnp.int32)
     with pytest.raises(ValueError, match=r"merge_topk: k=11.*m=10"):
