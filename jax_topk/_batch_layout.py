@@ -51,7 +51,7 @@ def _names(axes) -> tuple:
     return () if axes is None else axes if isinstance(axes, tuple) else (axes,)
 
 
-def _parts(mesh, axes) -> int:
+def mesh_parts(mesh, axes) -> int:
     """How many pieces mesh `axes` split an axis into."""
     return math.prod(mesh.shape[name] for name in _names(axes))
 
@@ -64,8 +64,8 @@ class Fold:
         self.calls, self.rows = leading_operand.shape[:2]
         self.axes = leading_axes(leading_operand, 2)  # (calls' mesh axes, rows' mesh axes)
         self.mesh = jax.typeof(leading_operand).sharding.mesh
-        self.call_parts = _parts(self.mesh, self.axes[0])
-        self.row_parts = _parts(self.mesh, self.axes[1])
+        self.call_parts = mesh_parts(self.mesh, self.axes[0])
+        self.row_parts = mesh_parts(self.mesh, self.axes[1])
         # Call-major: each call's rows consecutive, so per-call row groups survive the fold.
         self.keeps_groups = self.row_parts == 1
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _fallback
-from ._batch_layout import _parts, leading_axes
+from ._batch_layout import leading_axes, mesh_parts
 
 # Products ([B, M, H, span] float32) a span should form: 64 MB of them, a few such arrays live.
 SPAN_ELEMENTS = 1 << 24
@@ -56,7 +56,7 @@ def _devices_splitting_keys(keys) -> int:
     sharding = jax.typeof(keys).sharding
     if getattr(sharding, "mesh", None) is None or sharding.mesh.empty:
         return 1
-    return _parts(sharding.mesh, leading_axes(keys, 2)[1])
+    return mesh_parts(sharding.mesh, leading_axes(keys, 2)[1])
 
 
 def logits_by_key_spans(q, keys, weights, key_scales, lengths, *, has_key_scales: bool):
