@@ -7,6 +7,11 @@ and fewer rows, both output orders. Device time, the benchmark's method (wall ti
 CPU); the places checked equal first.
 Run from the repo root (GPU or CPU): python -m benches.probes.merge_grad"""
 
+import collections
+import glob
+import os
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +22,24 @@ from benches.bench import Shape, device_time_us, wall_time_us
 from jax_topk import _fallback
 
 SHARDS, K = 8, 2048
+
+
+def kernel_breakdown(fn, inputs, calls: int = 4, top: int = 8) -> list[tuple[str, float]]:
+    """The `top` kernels of one call of fn by their summed device time (us a call)."""
+    jax.block_until_ready(fn(*inputs))
+    totals = collections.Counter()
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*inputs))
+        path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0]
+        for plane in jax.profiler.ProfileData.from_file(path).planes:
+            if plane.name.startswith("/device:GPU"):
+                for line in plane.lines:
+                    if line.name.startswith("Stream"):
+                        for event in line.events:
+                            totals[event.name[:60]] += event.duration_ns / 1e3 / calls
+    return totals.most_common(top)
 
 
 def main():
@@ -53,6 +76,12 @@ def main():
                 times = [wall_time_us(fn, sets, 3) for fn in fns]
             order = "rank" if sorted_ else "columns"
             print(f"| {rows} | {order} | " + " | ".join(f"{t:.1f}" for t in times) + " |")
+            if on_gpu and rows == 5536 and sorted_:
+                breakdown = kernel_breakdown(grad, sets[0])
+    if on_gpu:
+        print("\nThe gradient's kernels at 5536 rows, rank order (us a call):")
+        for name, us in breakdown:
+            print(f"- {us:9.1f}  {name}")
 
 
 if __name__ == "__main__":
