@@ -318,6 +318,42 @@ def _check_winner_places(backend, dtype):
                 )
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "bfloat16"])
+def test_tangents_follow_the_winners_through_ties(backend, dtype):
+    """jax.jvp through merge_topk on rows of few distinct values and repeated (value, column)
+    pairs, so that the k-th place cuts through a run of equal pairs (an 8-bit float widened
+    onto the kernel, and bfloat16): each slot's tangent is that of the candidate the exact
+    sort of every candidate puts there, both orders."""
+    from jax_topk import _fallback
+
+    rng = np.random.default_rng(31)
+    rows, m = 6, 256
+    values = rng.integers(0, 4, size=(rows, m)).astype(np.float32)  # four values
+    indices = rng.integers(0, 24, size=(rows, m)).astype(np.int32)  # ~40 copies of a pair
+    indices[1, ::5] = -1
+    values[2, ::7] = np.nan
+    values = values.astype(getattr(ml_dtypes, dtype, dtype))
+    tangent = rng.standard_normal((rows, m)).astype(np.float32)
+    device = device_for(backend)
+    values, indices = jax.device_put(values, device), jax.device_put(indices, device)
+    tangent = jax.device_put(tangent.astype(values.dtype), device)
+    for k in (13, 100):
+        for sorted_ in (True, False):
+            _, (dot, _) = jax.jvp(
+                lambda v, s=sorted_, k=k: jax_topk.merge_topk(v, indices, k, sorted=s),
+                (values,),
+                (tangent,),
+            )
+            places = _fallback.merge_places(
+                values.astype(jnp.float32), indices, k=k, sorted=sorted_, earlier_first=True
+            )
+            want = np.where(
+                places >= 0, np.take_along_axis(np.asarray(tangent), np.maximum(places, 0), 1), 0
+            )
+            got = np.asarray(dot).astype(np.float32)
+            np.testing.assert_array_equal(got, want.astype(np.float32), f"k={k} {sorted_}")
+
+
 def test_trace_time_errors():
     values, indices = jnp.zeros((2, 10), jnp.float32), jnp.zeros((2, 10), jnp.int32)
     with pytest.raises(ValueError, match=r"merge_topk: k=11.*m=10"):
