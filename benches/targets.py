@@ -1,0 +1,567 @@
+"""The open issues' speed targets (13-16) read off the committed results: which are met, how
+far the others are, and what the notes say it would take. Writes benches/results/targets.md
+and targets.png beside the JSON; the numbers come only from that JSON (a target whose shape
+has no row there says so), the leads from benches/NOTES.md.
+
+`python -m benches.bench --json benches/results/h200.json --report` rewrites them with its
+results; by hand, from the repository root: python -m benches.targets [JSON]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DEFAULT_JSON = "benches/results/h200.json"
+
+
+def find(records, op, dtype, rows, n, k=None, lengths=None):
+    """The one record of that shape, or None."""
+    found = [
+        r
+        for r in records
+        if (r["op"], r["dtype"], r["rows"], r["n"]) == (op, dtype, rows, n)
+        and (k is None or r["k"] == k)
+        and (lengths is None or r["lengths"] == lengths)
+    ]
+    if len(found) > 1:
+        raise ValueError(f"{len(found)} records match {op} {dtype} {rows}x{n} k={k} {lengths}")
+    return found[0] if found else None
+
+
+def time_of(op, dtype, rows, n, k=None, lengths=None):
+    """Our device time (us) of one shape."""
+
+    def measure(records):
+        r = find(records, op, dtype, rows, n, k, lengths)
+        return None if r is None else r["ours_us"]
+
+    return measure
+
+
+def floor_ratio(op, dtype, rows, n, k=None, lengths=None):
+    """Our device time over the shape's read floor."""
+
+    def measure(records):
+        r = find(records, op, dtype, rows, n, k, lengths)
+        return None if r is None else r["ours_us"] / r["floor_us"]
+
+    return measure
+
+
+def worst_floor_ratio(op, dtype, k, lengths, min_rows):
+    """The largest time-over-floor of every shape of that op, dtype, k and lengths with at
+    least min_rows rows (each causal shape)."""
+
+    def measure(records):
+        ratios = [
+            r["ours_us"] / r["floor_us"]
+            for r in records
+            if (r["op"], r["dtype"], r["k"], r["lengths"]) == (op, dtype, k, lengths)
+            and r["rows"] >= min_rows
+        ]
+        return max(ratios) if ratios else None
+
+    return measure
+
+
+def speedup_over_lax(op, dtype, rows, n, k=None):
+    """jax.lax.top_k's device time over ours, same rows."""
+
+    def measure(records):
+        r = find(records, op, dtype, rows, n, k)
+        return None if r is None else r["lax_top_k_us"] / r["ours_us"]
+
+    return measure
+
+
+def topk_over_logits(dtype, rows, n):
+    """indexer_topk's device time over indexer_logits' alone, same shape."""
+
+    def measure(records):
+        topk = find(records, "indexer_topk", dtype, rows, n)
+        logits = find(records, "indexer_logits", dtype, rows, n)
+        return None if topk is None or logits is None else topk["ours_us"] / logits["ours_us"]
+
+    return measure
+
+
+def matrix_rate_share(dtype, rows, n):
+    """indexer_logits' achieved TFLOP/s over the matrix rate measured in the same run."""
+
+    def measure(records):
+        r = find(records, "indexer_logits", dtype, rows, n)
+        return None if r is None else r["tflops"] / r["matrix_TFLOPs"]
+
+    return measure
+
+
+def decode_bound_ratio(dtype, rows, n):
+    """indexer_logits' time over issue 15's decode bound, 1.5 x max(compute, key read) + 4 us."""
+
+    def measure(records):
+        r = find(records, "indexer_logits", dtype, rows, n)
+        if r is None:
+            return None
+        return r["ours_us"] / (1.5 * max(r["compute_floor_us"], r["floor_us"]) + 4.0)
+
+    return measure
+
+
+def fp8_over_bf16_throughput(min_rows):
+    """The smallest bf16-time / fp8-time of indexer_logits over shapes with >= min_rows rows
+    timed in both types."""
+
+    def measure(records):
+        ratios = []
+        for r in records:
+            if r["op"] == "indexer_logits" and r["dtype"] == "float8_e4m3fn":
+                bf16 = find(records, "indexer_logits", "bfloat16", r["rows"], r["n"])
+                if r["rows"] >= min_rows and bf16 is not None:
+                    ratios.append(bf16["ours_us"] / r["ours_us"])
+        return min(ratios) if ratios else None
+
+    return measure
+
+
+@dataclass(frozen=True)
+class Target:
+    issue: int
+    what: str
+    measure: Callable[[list], float | None]
+    limit: float
+    unit: str  # how the measure reads: "us", "x floor", "x lax", "x logits", "share"
+    at_least: bool = False  # the measure must reach the limit (else stay at or below it)
+    lead: str = ""  # for a miss: what was tried and what it would take (benches/NOTES.md)
+
+    def verdict(self, records) -> tuple[float | None, str, float | None]:
+        """(measured, "met" / "missed" / "no row", how far: measured over limit, or limit
+        over measured for an at-least target, so that > 1 is short of it)."""
+        value = self.measure(records)
+        if value is None:
+            return None, "no row", None
+        gap = self.limit / value if self.at_least else value / self.limit
+        return value, "met" if gap <= 1.0 else "missed", gap
+
+
+QUEUE_LEAD = (
+    "a queue row's serial phases (sample, select, write: ~19 us a row a block) do not overlap "
+    "the next row's pass; two rows in flight a block, warp-specialised, is the untried step "
+    "(NOTES 'bf16-queue' (d)); smaller blocks lost (NOTES 'Small blocks')"
+)
+FEW_ROWS_LEAD = (
+    "a chain of dependent phases a row (sample, pass, merge, selection, order), each a barrier "
+    "or a cluster exchange; NOTES 'topk_f32_cluster' sections list the tries that lost"
+)
+
+TARGETS = [
+    Target(
+        13,
+        "bf16 [1, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "bfloat16", 1, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "bf16 [8, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "bfloat16", 8, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "bf16 [64, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "bfloat16", 64, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "bf16 [256, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "bfloat16", 256, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "bf16 [256, 152064] k 50, over the read floor",
+        floor_ratio("top_k", "bfloat16", 256, 152064),
+        1.3,
+        "x floor",
+        lead="one row a block in one wave: the sample (~5 us of cold loads and histograms) "
+        "and the selection are exposed; a rising cutoff in place of the sample lost "
+        "(NOTES 'A rising-cutoff route')",
+    ),
+    Target(
+        13,
+        "f32 [1, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "float32", 1, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "f32 [8, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "float32", 8, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "f32 [64, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "float32", 64, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "f32 [256, 152064] k 50, speed-up over lax",
+        speedup_over_lax("top_k", "float32", 256, 152064),
+        5,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "f32 [256, 152064] k 50, over the read floor",
+        floor_ratio("top_k", "float32", 256, 152064),
+        1.3,
+        "x floor",
+        lead="as bf16: the ~13 us of sample and selection a row that nothing overlaps",
+    ),
+    Target(
+        13,
+        "f32 [4096, 256] k 8, faster than lax",
+        speedup_over_lax("top_k", "float32", 4096, 256),
+        1,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "f32 [65536, 256] k 8, faster than lax",
+        speedup_over_lax("top_k", "float32", 65536, 256),
+        1,
+        "x lax",
+        True,
+    ),
+    Target(
+        13,
+        "bf16 causal 5536 x 131072 k 2048, over the 2-byte floor",
+        floor_ratio("top_k", "bfloat16", 5536, 131072, 2048, "causal"),
+        1.25,
+        "x floor",
+        lead=QUEUE_LEAD,
+    ),
+    Target(
+        13,
+        "bf16 32 x 131072 k 2048",
+        time_of("top_k", "bfloat16", 32, 131072, 2048),
+        20,
+        "us",
+        lead="32 rows split over clusters (NOTES '16-bit rows on the cluster kernel'); "
+        + FEW_ROWS_LEAD,
+    ),
+    Target(
+        14,
+        "merge_topk f32 5536 x 8 x 2048, over reading its input once",
+        floor_ratio("merge_topk", "float32", 5536, 16384, 2048),
+        1.5,
+        "x floor",
+        lead="bound by its work, not by HBM (the same ~420 us on an H100 and an H200): "
+        "~10 us of phases a row an SM (cutoff, filter, fine placing, rank, writes); the "
+        "sorted-runs merge and other branches in the register kernel lost (NOTES 'merge_topk: "
+        "the sorted-runs merge'); needs fewer phases a row or two rows in flight an SM",
+    ),
+    Target(
+        15,
+        "indexer_logits bf16 128 x 65536, share of the matrix rate",
+        matrix_rate_share("bfloat16", 128, 65536),
+        0.55,
+        "share",
+        True,
+    ),
+    Target(
+        15,
+        "indexer_logits bf16 512 x 65536, share of the matrix rate",
+        matrix_rate_share("bfloat16", 512, 65536),
+        0.55,
+        "share",
+        True,
+    ),
+    Target(
+        15,
+        "indexer_logits bf16 2048 x 32768, share of the matrix rate",
+        matrix_rate_share("bfloat16", 2048, 32768),
+        0.55,
+        "share",
+        True,
+    ),
+    Target(
+        15,
+        "indexer_logits bf16 4096 x 131072, share of the matrix rate",
+        matrix_rate_share("bfloat16", 4096, 131072),
+        0.55,
+        "share",
+        True,
+    ),
+    Target(
+        15,
+        "indexer_logits bf16 1 x 131072, over the decode bound",
+        decode_bound_ratio("bfloat16", 1, 131072),
+        1,
+        "x bound",
+    ),
+    Target(
+        15,
+        "indexer_logits bf16 32 x 131072, over the decode bound",
+        decode_bound_ratio("bfloat16", 32, 131072),
+        1,
+        "x bound",
+    ),
+    Target(
+        15,
+        "indexer_topk bf16 128 x 65536, over indexer_logits",
+        topk_over_logits("bfloat16", 128, 65536),
+        1.1,
+        "x logits",
+        lead="the selection's ~31 us is fixed while the logits got faster; the fused path's main "
+        "pass costs 22-25 % over the logits kernel (NOTES 'fused indexer_topk re-timed')",
+    ),
+    Target(
+        15,
+        "indexer_topk bf16 512 x 65536, over indexer_logits",
+        topk_over_logits("bfloat16", 512, 65536),
+        1.1,
+        "x logits",
+    ),
+    Target(
+        15,
+        "indexer_topk bf16 2048 x 32768, over indexer_logits",
+        topk_over_logits("bfloat16", 2048, 32768),
+        1.1,
+        "x logits",
+    ),
+    Target(
+        15,
+        "indexer_topk bf16 4096 x 131072, over indexer_logits",
+        topk_over_logits("bfloat16", 4096, 131072),
+        1.1,
+        "x logits",
+    ),
+    Target(
+        15,
+        "indexer_topk bf16 1 x 131072",
+        time_of("indexer_topk", "bfloat16", 1, 131072),
+        15,
+        "us",
+        lead="two kernels back to back (logits ~12 us, selection ~9 us); fusing needs a candidate "
+        "sink of a few instructions a tile (NOTES 'fused indexer_topk re-timed')",
+    ),
+    Target(
+        15,
+        "indexer_topk bf16 32 x 131072",
+        time_of("indexer_topk", "bfloat16", 32, 131072),
+        110,
+        "us",
+        lead="indexer_logits alone takes ~115 us (76 % of the matrix rate): the logits "
+        "kernel must get faster before any selection fits",
+    ),
+    Target(
+        15,
+        "indexer_logits fp8 throughput over bf16 at M >= 512",
+        fp8_over_bf16_throughput(512),
+        1.6,
+        "x bf16",
+        True,
+        lead="the results hold no fp8 row at M >= 512; NOTES 'indexer_logits fp8' measured ~0.98x: "
+        "native e4m3 wgmma's accumulation breaks SPEC section 9's bound, so fp8 is widened to bf16",
+    ),
+    Target(
+        16,
+        "f32 1 x 32768 k 2048",
+        time_of("topk_filtered", "float32", 1, 32768, 2048),
+        6,
+        "us",
+        lead=FEW_ROWS_LEAD,
+    ),
+    Target(
+        16,
+        "f32 4 x 32768 k 2048",
+        time_of("topk_filtered", "float32", 4, 32768, 2048),
+        6,
+        "us",
+        lead=FEW_ROWS_LEAD,
+    ),
+    Target(
+        16,
+        "f32 1 x 131072 k 2048",
+        time_of("topk_filtered", "float32", 1, 131072, 2048),
+        7,
+        "us",
+        lead=FEW_ROWS_LEAD,
+    ),
+    Target(
+        16,
+        "f32 32 x 131072 k 2048",
+        time_of("topk_filtered", "float32", 32, 131072, 2048),
+        11,
+        "us",
+        lead=FEW_ROWS_LEAD,
+    ),
+    Target(
+        16,
+        "f32 43 x 430080 causal k 2048",
+        time_of("topk_filtered", "float32", 43, 430080, 2048, "causal"),
+        25,
+        "us",
+        lead="43 rows on 132 SMs: each row's pass split over a cluster, then its selection "
+        "alone; " + FEW_ROWS_LEAD,
+    ),
+    Target(
+        16,
+        "bf16 1 x 16384 k 512 (topk_bf16, page 64)",
+        time_of("topk_bf16", "bfloat16", 1, 16384, 512, "full"),
+        3.5,
+        "us",
+        lead="one block a row in registers: two radix passes and a block scan, each a chain "
+        "of barriers, with nothing to overlap them",
+    ),
+    Target(
+        16,
+        "bf16 128 x 16384 k 512 (topk_bf16)",
+        time_of("topk_bf16", "bfloat16", 128, 16384, 512, "full"),
+        4.5,
+        "us",
+        lead="as 1 x 16384: latency a row, one wave",
+    ),
+    Target(
+        16,
+        "bf16 2048 x 16384 k 512 (topk_bf16)",
+        time_of("topk_bf16", "bfloat16", 2048, 16384, 512, "full"),
+        36,
+        "us",
+        lead="instructions, not HBM (~12.8 K warp instructions a row): the next wave's rows "
+        "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2')",
+    ),
+    Target(
+        16,
+        "f32 causal k 2048, worst of >= 1536 rows, over the floor",
+        worst_floor_ratio("topk_filtered", "float32", 2048, "causal", 1536),
+        1.1,
+        "x floor",
+        lead=QUEUE_LEAD,
+    ),
+]
+
+
+def _fmt(value, unit) -> str:
+    if value is None:
+        return "-"
+    if unit == "share":
+        return f"{100 * value:.0f} %"
+    if unit == "us":  # two decimals below 100 us, where a tenth can decide a target
+        return f"{value:,.2f}" if value < 100 else f"{value:,.1f}"
+    return f"{value:.2f}"
+
+
+def describe(records: list[dict]) -> str:
+    """The markdown table of every target."""
+    devices = sorted({r.get("device", "?") for r in records})
+    dates = sorted({r.get("date", "?") for r in records})
+    lines = [
+        f"Results of {', '.join(devices)}, {dates[0]} to {dates[-1]}; regenerate with "
+        "`python -m benches.targets` (numbers from the JSON, leads from benches/NOTES.md).",
+        "",
+        "| issue | target | measured | limit | status | how far (> 1: short) "
+        "| what it would take |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in TARGETS:
+        value, status, gap = t.verdict(records)
+        sign = ">=" if t.at_least else "<="
+        unit = "" if t.unit in ("us", "share") else f" {t.unit}"
+        gap_text = "-" if gap is None else f"{gap:.2f}"
+        lead = t.lead if status != "met" else ""
+        lines.append(
+            f"| {t.issue} | {t.what} | {_fmt(value, t.unit)}{unit if value is not None else ''} "
+            f"| {sign} {_fmt(t.limit, t.unit)}{unit} | {status} | {gap_text} | {lead} |"
+        )
+    met = sum(t.verdict(records)[1] == "met" for t in TARGETS)
+    lines += [
+        "",
+        f"{met} of {len(TARGETS)} targets met. Not listed: issue 15's 'indexer_topk never "
+        "slower than indexer_logits then topk_filtered' holds by construction (that is its "
+        "default path; the table's two columns are the same kernels timed twice).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[dict], path: str) -> None:
+    """A bar a target with a row, from 1 to how far it is (log scale): misses to the right of
+    1 in red, met targets to the left in green, each labelled with its measure."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    rows = [(t, *t.verdict(records)) for t in TARGETS]
+    rows = [(t, value, gap) for t, value, _, gap in rows if gap is not None]
+    fig, ax = plt.subplots(figsize=(13, 0.3 * len(rows) + 1.3))
+    for y, (t, value, gap) in enumerate(rows):
+        color = "tab:red" if gap > 1 else "#a6d9a6"  # light: its label sits on it
+        ax.barh(y, gap - 1, left=1, color=color, height=0.7)
+        unit = "" if t.unit in ("us", "share") else f" {t.unit}"
+        label = f"{_fmt(value, t.unit)}{unit} (target {_fmt(t.limit, t.unit)}{unit})"
+        # Misses labelled past their bar's end, met targets just left of 1 (over their bar).
+        at, align = (gap * 1.08, "left") if gap > 1 else (0.92, "right")
+        ax.text(at, y, label, va="center", ha=align, fontsize=7)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlim(0.01, 6)
+    ax.set_yticks(range(len(rows)), [f"#{t.issue} {t.what}" for t, _, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(
+        "measured / target (for at-least targets, target / measured): right of 1 is short"
+    )
+    ax.set_title(
+        "The open issues' speed targets ("
+        + ", ".join(sorted({r.get("device", "?") for r in records}))
+        + ")"
+    )
+    fig.subplots_adjust(left=0.36, right=0.98, top=0.96, bottom=0.06)  # room for the names
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(records: list[dict], json_path: str) -> None:
+    """targets.md and targets.png beside the JSON."""
+    out_dir = os.path.dirname(json_path)
+    with open(os.path.join(out_dir, "targets.md"), "w") as f:
+        f.write("# Where the speed targets stand\n\n" + describe(records))
+    plot(records, os.path.join(out_dir, "targets.png"))
+
+
+def main(json_path: str = DEFAULT_JSON) -> None:
+    with open(json_path) as f:
+        records = json.load(f)
+    write(records, json_path)
+    print(describe(records))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:2])
