@@ -293,9 +293,9 @@ def check_against_lax(cases, progress) -> list[str]:
 # --- timing -------------------------------------------------------------------------------
 
 
-def _kernel_events_by_device(trace_dir: str) -> dict[str, list]:
+def _kernel_events_by_device(trace_dir: str, with_names: bool = False) -> dict[str, list]:
     """(start_ns, duration_ns) of every GPU kernel in a profiler trace, by device plane
-    (`/device:GPU:N`), each sorted by start."""
+    (`/device:GPU:N`), each sorted by start; `with_names`: (start_ns, duration_ns, name)."""
     paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     by_device = {}
     for plane in jax.profiler.ProfileData.from_file(paths[0]).planes:
@@ -304,11 +304,16 @@ def _kernel_events_by_device(trace_dir: str) -> dict[str, list]:
         events = by_device.setdefault(plane.name, [])
         for line in plane.lines:
             if line.name.startswith("Stream"):
-                events += [(e.start_ns, e.duration_ns) for e in line.events]
+                events += [
+                    (e.start_ns, e.duration_ns, e.name)
+                    if with_names
+                    else (e.start_ns, e.duration_ns)
+                    for e in line.events
+                ]
     return {name: sorted(events) for name, events in by_device.items()}
 
 
-def traced_kernel_events(fn, input_sets, calls: int) -> dict[str, list]:
+def traced_kernel_events(fn, input_sets, calls: int, with_names: bool = False) -> dict[str, list]:
     """The kernels of `calls` calls of `fn` (after one untraced call per input set), by
     device plane: `_kernel_events_by_device`."""
     for inputs in input_sets:
@@ -317,7 +322,7 @@ def traced_kernel_events(fn, input_sets, calls: int) -> dict[str, list]:
         with jax.profiler.trace(trace_dir):
             for i in range(calls):
                 jax.block_until_ready(fn(*input_sets[i % len(input_sets)]))
-        return _kernel_events_by_device(trace_dir)
+        return _kernel_events_by_device(trace_dir, with_names)
 
 
 def median_call_us(events, calls: int) -> float:

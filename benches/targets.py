@@ -32,24 +32,45 @@ def find(records, op, dtype, rows, n, k=None, lengths=None):
     return found[0] if found else None
 
 
-def time_of(op, dtype, rows, n, k=None, lengths=None):
+def of_row(quantity, op, dtype, rows, n, k=None, lengths=None):
+    """A measure: `quantity` of the one record of that shape (None without one)."""
+
+    def measure(records):
+        r = find(records, op, dtype, rows, n, k, lengths)
+        return None if r is None else quantity(r)
+
+    return measure
+
+
+def time_of(*shape):
     """Our device time (us) of one shape."""
-
-    def measure(records):
-        r = find(records, op, dtype, rows, n, k, lengths)
-        return None if r is None else r["ours_us"]
-
-    return measure
+    return of_row(lambda r: r["ours_us"], *shape)
 
 
-def floor_ratio(op, dtype, rows, n, k=None, lengths=None):
+def floor_ratio(*shape):
     """Our device time over the shape's read floor."""
+    return of_row(lambda r: r["ours_us"] / r["floor_us"], *shape)
 
-    def measure(records):
-        r = find(records, op, dtype, rows, n, k, lengths)
-        return None if r is None else r["ours_us"] / r["floor_us"]
 
-    return measure
+def speedup_over_lax(*shape):
+    """jax.lax.top_k's device time over ours, same rows."""
+    return of_row(lambda r: r["lax_top_k_us"] / r["ours_us"], *shape)
+
+
+def matrix_rate_share(dtype, rows, n):
+    """indexer_logits' achieved TFLOP/s over the matrix rate measured in the same run."""
+    return of_row(lambda r: r["tflops"] / r["matrix_TFLOPs"], "indexer_logits", dtype, rows, n)
+
+
+def decode_bound_ratio(dtype, rows, n):
+    """indexer_logits' time over issue 15's decode bound, 1.5 x max(compute, key read) + 4 us."""
+    return of_row(
+        lambda r: r["ours_us"] / (1.5 * max(r["compute_floor_us"], r["floor_us"]) + 4.0),
+        "indexer_logits",
+        dtype,
+        rows,
+        n,
+    )
 
 
 def worst_floor_ratio(op, dtype, k, lengths, min_rows):
@@ -68,16 +89,6 @@ def worst_floor_ratio(op, dtype, k, lengths, min_rows):
     return measure
 
 
-def speedup_over_lax(op, dtype, rows, n, k=None):
-    """jax.lax.top_k's device time over ours, same rows."""
-
-    def measure(records):
-        r = find(records, op, dtype, rows, n, k)
-        return None if r is None else r["lax_top_k_us"] / r["ours_us"]
-
-    return measure
-
-
 def topk_over_logits(dtype, rows, n):
     """indexer_topk's device time over indexer_logits' alone, same shape."""
 
@@ -85,28 +96,6 @@ def topk_over_logits(dtype, rows, n):
         topk = find(records, "indexer_topk", dtype, rows, n)
         logits = find(records, "indexer_logits", dtype, rows, n)
         return None if topk is None or logits is None else topk["ours_us"] / logits["ours_us"]
-
-    return measure
-
-
-def matrix_rate_share(dtype, rows, n):
-    """indexer_logits' achieved TFLOP/s over the matrix rate measured in the same run."""
-
-    def measure(records):
-        r = find(records, "indexer_logits", dtype, rows, n)
-        return None if r is None else r["tflops"] / r["matrix_TFLOPs"]
-
-    return measure
-
-
-def decode_bound_ratio(dtype, rows, n):
-    """indexer_logits' time over issue 15's decode bound, 1.5 x max(compute, key read) + 4 us."""
-
-    def measure(records):
-        r = find(records, "indexer_logits", dtype, rows, n)
-        if r is None:
-            return None
-        return r["ours_us"] / (1.5 * max(r["compute_floor_us"], r["floor_us"]) + 4.0)
 
     return measure
 
@@ -152,110 +141,70 @@ QUEUE_LEAD = (
     "the next row's pass; two rows in flight a block, warp-specialised, is the untried step "
     "(NOTES 'bf16-queue' (d)); smaller blocks lost (NOTES 'Small blocks')"
 )
+PREFILL_SHAPES = [(128, 65536), (512, 65536), (2048, 32768), (4096, 131072)]  # issue 15, M >= 128
 FEW_ROWS_LEAD = (
     "a chain of dependent phases a row (sample, pass, merge, selection, order), each a barrier "
     "or a cluster exchange; NOTES 'topk_f32_cluster' sections list the tries that lost"
 )
 
-TARGETS = [
-    Target(
+VOCABULARY = 152064  # issue 13's sampling rows: [B, 152064], k = 50
+
+
+def sampling_targets(dtype: str, name: str, floor_lead: str) -> list[Target]:
+    """Issue 13's vocabulary rows of one dtype: >= 5x lax at every B, B = 256 <= 1.3x floor."""
+    speedups = [
+        Target(
+            13,
+            f"{name} [{b}, {VOCABULARY}] k 50, speed-up over lax",
+            speedup_over_lax("top_k", dtype, b, VOCABULARY),
+            5,
+            "x lax",
+            True,
+        )
+        for b in (1, 8, 64, 256)
+    ]
+    floor = Target(
         13,
-        "bf16 [1, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "bfloat16", 1, 152064),
-        5,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "bf16 [8, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "bfloat16", 8, 152064),
-        5,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "bf16 [64, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "bfloat16", 64, 152064),
-        5,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "bf16 [256, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "bfloat16", 256, 152064),
-        5,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "bf16 [256, 152064] k 50, over the read floor",
-        floor_ratio("top_k", "bfloat16", 256, 152064),
+        f"{name} [256, {VOCABULARY}] k 50, over the read floor",
+        floor_ratio("top_k", dtype, 256, VOCABULARY),
         1.3,
         "x floor",
-        lead="one row a block in one wave: the sample (~5 us of cold loads and histograms) "
+        lead=floor_lead,
+    )
+    return [*speedups, floor]
+
+
+def latency_target(dtype: str, rows: int, n: int, k: int, limit: float, lead: str, note=""):
+    """Issue 16's shapes: device time at or below `limit` us (causal where n = 430080)."""
+    op = "topk_bf16" if dtype == "bfloat16" else "topk_filtered"
+    lengths = "causal" if n == 430080 else "full"
+    name = "bf16" if dtype == "bfloat16" else "f32"
+    what = f"{name} {rows} x {n}{' causal' if lengths == 'causal' else ''} k {k}{note}"
+    return Target(16, what, time_of(op, dtype, rows, n, k, lengths), limit, "us", lead=lead)
+
+
+TARGETS = [
+    *sampling_targets(
+        "bfloat16",
+        "bf16",
+        "one row a block in one wave: the sample (~5 us of cold loads and histograms) "
         "and the selection are exposed; a rising cutoff in place of the sample lost "
         "(NOTES 'A rising-cutoff route')",
     ),
-    Target(
-        13,
-        "f32 [1, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "float32", 1, 152064),
-        5,
-        "x lax",
-        True,
+    *sampling_targets(
+        "float32", "f32", "as bf16: the ~13 us of sample and selection a row that nothing overlaps"
     ),
-    Target(
-        13,
-        "f32 [8, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "float32", 8, 152064),
-        5,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "f32 [64, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "float32", 64, 152064),
-        5,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "f32 [256, 152064] k 50, speed-up over lax",
-        speedup_over_lax("top_k", "float32", 256, 152064),
-        5,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "f32 [256, 152064] k 50, over the read floor",
-        floor_ratio("top_k", "float32", 256, 152064),
-        1.3,
-        "x floor",
-        lead="as bf16: the ~13 us of sample and selection a row that nothing overlaps",
-    ),
-    Target(
-        13,
-        "f32 [4096, 256] k 8, faster than lax",
-        speedup_over_lax("top_k", "float32", 4096, 256),
-        1,
-        "x lax",
-        True,
-    ),
-    Target(
-        13,
-        "f32 [65536, 256] k 8, faster than lax",
-        speedup_over_lax("top_k", "float32", 65536, 256),
-        1,
-        "x lax",
-        True,
-    ),
+    *[
+        Target(
+            13,
+            f"f32 [{t}, 256] k 8, faster than lax",
+            speedup_over_lax("top_k", "float32", t, 256),
+            1,
+            "x lax",
+            True,
+        )
+        for t in (4096, 65536)
+    ],
     Target(
         13,
         "bf16 causal 5536 x 131072 k 2048, over the 2-byte floor",
@@ -284,90 +233,48 @@ TARGETS = [
         "sorted-runs merge and other branches in the register kernel lost (NOTES 'merge_topk: "
         "the sorted-runs merge'); needs fewer phases a row or two rows in flight an SM",
     ),
-    Target(
-        15,
-        "indexer_logits bf16 128 x 65536, share of the matrix rate",
-        matrix_rate_share("bfloat16", 128, 65536),
-        0.55,
-        "share",
-        True,
-    ),
-    Target(
-        15,
-        "indexer_logits bf16 512 x 65536, share of the matrix rate",
-        matrix_rate_share("bfloat16", 512, 65536),
-        0.55,
-        "share",
-        True,
-    ),
-    Target(
-        15,
-        "indexer_logits bf16 2048 x 32768, share of the matrix rate",
-        matrix_rate_share("bfloat16", 2048, 32768),
-        0.55,
-        "share",
-        True,
-    ),
-    Target(
-        15,
-        "indexer_logits bf16 4096 x 131072, share of the matrix rate",
-        matrix_rate_share("bfloat16", 4096, 131072),
-        0.55,
-        "share",
-        True,
-    ),
-    Target(
-        15,
-        "indexer_logits bf16 1 x 131072, over the decode bound",
-        decode_bound_ratio("bfloat16", 1, 131072),
-        1,
-        "x bound",
-    ),
-    Target(
-        15,
-        "indexer_logits bf16 32 x 131072, over the decode bound",
-        decode_bound_ratio("bfloat16", 32, 131072),
-        1,
-        "x bound",
-    ),
-    Target(
-        15,
-        "indexer_topk bf16 128 x 65536, over indexer_logits",
-        topk_over_logits("bfloat16", 128, 65536),
-        1.1,
-        "x logits",
-        lead="the selection's ~31 us is fixed while the logits got faster; the fused path's main "
-        "pass costs 22-25 % over the logits kernel (NOTES 'fused indexer_topk re-timed')",
-    ),
-    Target(
-        15,
-        "indexer_topk bf16 512 x 65536, over indexer_logits",
-        topk_over_logits("bfloat16", 512, 65536),
-        1.1,
-        "x logits",
-    ),
-    Target(
-        15,
-        "indexer_topk bf16 2048 x 32768, over indexer_logits",
-        topk_over_logits("bfloat16", 2048, 32768),
-        1.1,
-        "x logits",
-    ),
-    Target(
-        15,
-        "indexer_topk bf16 4096 x 131072, over indexer_logits",
-        topk_over_logits("bfloat16", 4096, 131072),
-        1.1,
-        "x logits",
-    ),
+    *[
+        Target(
+            15,
+            f"indexer_logits bf16 {m} x {n}, share of the matrix rate",
+            matrix_rate_share("bfloat16", m, n),
+            0.55,
+            "share",
+            True,
+        )
+        for m, n in PREFILL_SHAPES
+    ],
+    *[
+        Target(
+            15,
+            f"indexer_logits bf16 {m} x 131072, over the decode bound",
+            decode_bound_ratio("bfloat16", m, 131072),
+            1,
+            "x bound",
+        )
+        for m in (1, 32)
+    ],
+    *[
+        Target(
+            15,
+            f"indexer_topk bf16 {m} x {n}, over indexer_logits",
+            topk_over_logits("bfloat16", m, n),
+            1.1,
+            "x logits",
+            lead="the selection's ~31 us is fixed while the logits got faster; the fused "
+            "path's main pass costs 22-25 % over the logits kernel (NOTES 'fused indexer_topk "
+            "re-timed')",
+        )
+        for m, n in PREFILL_SHAPES
+    ],
     Target(
         15,
         "indexer_topk bf16 1 x 131072",
         time_of("indexer_topk", "bfloat16", 1, 131072),
         15,
         "us",
-        lead="two kernels back to back (logits ~12 us, selection ~9 us); fusing needs a candidate "
-        "sink of a few instructions a tile (NOTES 'fused indexer_topk re-timed')",
+        lead="two kernels back to back (logits ~12 us, selection ~9 us); fusing needs a "
+        "candidate sink of a few instructions a tile (NOTES 'fused indexer_topk re-timed')",
     ),
     Target(
         15,
@@ -385,75 +292,45 @@ TARGETS = [
         1.6,
         "x bf16",
         True,
-        lead="the results hold no fp8 row at M >= 512; NOTES 'indexer_logits fp8' measured ~0.98x: "
-        "native e4m3 wgmma's accumulation breaks SPEC section 9's bound, so fp8 is widened to bf16",
+        lead="the results hold no fp8 row at M >= 512; NOTES 'indexer_logits fp8' measured "
+        "~0.98x: native e4m3 wgmma's accumulation breaks SPEC section 9's bound, so fp8 is "
+        "widened to bf16",
     ),
-    Target(
-        16,
-        "f32 1 x 32768 k 2048",
-        time_of("topk_filtered", "float32", 1, 32768, 2048),
-        6,
-        "us",
-        lead=FEW_ROWS_LEAD,
-    ),
-    Target(
-        16,
-        "f32 4 x 32768 k 2048",
-        time_of("topk_filtered", "float32", 4, 32768, 2048),
-        6,
-        "us",
-        lead=FEW_ROWS_LEAD,
-    ),
-    Target(
-        16,
-        "f32 1 x 131072 k 2048",
-        time_of("topk_filtered", "float32", 1, 131072, 2048),
-        7,
-        "us",
-        lead=FEW_ROWS_LEAD,
-    ),
-    Target(
-        16,
-        "f32 32 x 131072 k 2048",
-        time_of("topk_filtered", "float32", 32, 131072, 2048),
-        11,
-        "us",
-        lead=FEW_ROWS_LEAD,
-    ),
-    Target(
-        16,
-        "f32 43 x 430080 causal k 2048",
-        time_of("topk_filtered", "float32", 43, 430080, 2048, "causal"),
+    latency_target("float32", 1, 32768, 2048, 6, FEW_ROWS_LEAD),
+    latency_target("float32", 4, 32768, 2048, 6, FEW_ROWS_LEAD),
+    latency_target("float32", 1, 131072, 2048, 7, FEW_ROWS_LEAD),
+    latency_target("float32", 32, 131072, 2048, 11, FEW_ROWS_LEAD),
+    latency_target(
+        "float32",
+        43,
+        430080,
+        2048,
         25,
-        "us",
-        lead="43 rows on 132 SMs: each row's pass split over a cluster, then its selection "
+        "43 rows on 132 SMs: each row's pass split over a cluster, then its selection "
         "alone; " + FEW_ROWS_LEAD,
     ),
-    Target(
-        16,
-        "bf16 1 x 16384 k 512 (topk_bf16, page 64)",
-        time_of("topk_bf16", "bfloat16", 1, 16384, 512, "full"),
+    latency_target(
+        "bfloat16",
+        1,
+        16384,
+        512,
         3.5,
-        "us",
-        lead="one block a row in registers: two radix passes and a block scan, each a chain "
+        "one block a row in registers: two radix passes and a block scan, each a chain "
         "of barriers, with nothing to overlap them",
+        " (topk_bf16, page 64)",
     ),
-    Target(
-        16,
-        "bf16 128 x 16384 k 512 (topk_bf16)",
-        time_of("topk_bf16", "bfloat16", 128, 16384, 512, "full"),
-        4.5,
-        "us",
-        lead="as 1 x 16384: latency a row, one wave",
+    latency_target(
+        "bfloat16", 128, 16384, 512, 4.5, "as 1 x 16384: latency a row, one wave", " (topk_bf16)"
     ),
-    Target(
-        16,
-        "bf16 2048 x 16384 k 512 (topk_bf16)",
-        time_of("topk_bf16", "bfloat16", 2048, 16384, 512, "full"),
+    latency_target(
+        "bfloat16",
+        2048,
+        16384,
+        512,
         36,
-        "us",
-        lead="instructions, not HBM (~12.8 K warp instructions a row): the next wave's rows "
+        "instructions, not HBM (~12.8 K warp instructions a row): the next wave's rows "
         "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2')",
+        " (topk_bf16)",
     ),
     Target(
         16,

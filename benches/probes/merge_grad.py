@@ -8,9 +8,6 @@ CPU); the places checked equal first.
 Run from the repo root (GPU or CPU): python -m benches.probes.merge_grad"""
 
 import collections
-import glob
-import os
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +15,7 @@ import numpy as np
 
 import jax_topk
 from benches import merge
-from benches.bench import Shape, device_time_us, wall_time_us
+from benches.bench import Shape, device_time_us, traced_kernel_events, wall_time_us
 from jax_topk import _fallback
 
 SHARDS, K = 8, 2048
@@ -26,19 +23,10 @@ SHARDS, K = 8, 2048
 
 def kernel_breakdown(fn, inputs, calls: int = 4, top: int = 8) -> list[tuple[str, float]]:
     """The `top` kernels of one call of fn by their summed device time (us a call)."""
-    jax.block_until_ready(fn(*inputs))
     totals = collections.Counter()
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            for _ in range(calls):
-                jax.block_until_ready(fn(*inputs))
-        path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0]
-        for plane in jax.profiler.ProfileData.from_file(path).planes:
-            if plane.name.startswith("/device:GPU"):
-                for line in plane.lines:
-                    if line.name.startswith("Stream"):
-                        for event in line.events:
-                            totals[event.name[:60]] += event.duration_ns / 1e3 / calls
+    for events in traced_kernel_events(fn, [inputs], calls, with_names=True).values():
+        for _, duration_ns, name in events:
+            totals[name[:60]] += duration_ns / 1e3 / calls
     return totals.most_common(top)
 
 
