@@ -1,11 +1,11 @@
 """A host model of merge_in_registers.cuh's sampled path (numpy, no GPU), checked against a
 plain reference: for each row, the kernel's own layout (thread t holds items i = c * 4 + q at
-position (c * 512 + t) * 4 + q), its sample (items t % 32 and (t + 16) % 32 of thread t), the
-cutoff from two 11-bit digits of the sample's r-th largest key, the filter, the order code and
-its 11-bit buckets (those starting at or past k are never ranked), and the ranks within a
-bucket. Prints, per row family, how often the
-sampled path falls back (too few or too many kept, a crowded bucket), how many entries it keeps
-and how many comparisons a kept entry makes; asserts that every row it takes is exact.
+position (c * 512 + (t + 64 c) % 512) * 4 + q: chunks rotated, kRotation), its sample (items
+t % 32 and (t + 16) % 32 of thread t), the cutoff from two 11-bit digits of the sample's r-th
+largest key, the filter, the order code and its 11-bit buckets (those starting at or past k are
+never ranked), and the ranks within a bucket. Prints, per row family, how often the sampled path
+falls back (too few or too many kept, a crowded bucket), how many entries it keeps and how many
+comparisons a kept entry makes; asserts that every row it takes is exact.
 Run from the repo root: python -m benches.probes.merge_sampled_model"""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tests.support import families
 from tests.test_merge_topk import register_kernel_rows, wide_lists
 
 THREADS, CHUNK, CHUNKS = 512, 4, 8
+ROTATION = THREADS // CHUNKS
 ITEMS = CHUNK * CHUNKS
 DIGIT = 11
 LIST_CAPACITY = 4096
@@ -38,7 +39,9 @@ def sample_positions(width):
     t = np.arange(THREADS)
     items = np.concatenate([t % ITEMS, (t + ITEMS // 2) % ITEMS])
     threads = np.concatenate([t, t])
-    positions = ((items // CHUNK) * THREADS + threads) * CHUNK + items % CHUNK
+    chunks = items // CHUNK
+    pieces = (threads + chunks * ROTATION) % THREADS
+    positions = (chunks * THREADS + pieces) * CHUNK + items % CHUNK
     return positions[positions < width]
 
 

@@ -40,6 +40,11 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 4;  // candidates a vector load: 16 bytes of columns
 constexpr int kChunks = 8;
 constexpr int kItems = kChunk * kChunks;  // candidates a thread
+// Chunk c of the row is read by the threads rotated by c * kRotation: a warp still loads 32
+// consecutive 16-byte pieces, but when the row is lists in rank order (top_k(sorted=True)'s
+// results, one a chunk at 8 x 2048), each list's leading ranks, where the winners are, fall to
+// warps of their own instead of all to warps 0-1, which then did the whole filter alone.
+constexpr int kRotation = kThreads / kChunks;
 constexpr int64_t kMaxWidth = int64_t{kThreads} * kItems;
 constexpr int kDigitBits = 11;
 constexpr int kBins = 1 << kDigitBits;
@@ -792,7 +797,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto load_row = [&](bool from_staged) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        const int64_t first = (int64_t{c} * kThreads + threadIdx.x) * kChunk;
+        const int64_t piece = (threadIdx.x + c * kRotation) % kThreads;  // see kRotation
+        const int64_t first = (int64_t{c} * kThreads + piece) * kChunk;
         Bits bits[kChunk];
         int32_t cols[kChunk];
         if (from_staged && first < width) {  // the row in shared memory, landed by the copy engine
