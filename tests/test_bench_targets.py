@@ -54,3 +54,15 @@ def test_two_rows_of_one_shape_are_refused():
     rows = [record(ours_us=1.0), record(ours_us=2.0)]
     with pytest.raises(ValueError, match="2 records match"):
         targets.find(rows, "topk_filtered", "float32", 1, 32768)
+
+
+def test_each_merge_target_reads_its_own_list_order():
+    """Issue 14's two targets read the bench's rows of lists in no order ("full") and in rank
+    order ("sorted"), which share every other field of the shape."""
+    merge = [t for t in targets.TARGETS if t.issue == 14]
+    rows = [
+        record("merge_topk", rows=5536, n=16384, lengths=lengths, ours_us=us, floor_us=100.0)
+        for lengths, us in (("full", 140.0), ("sorted", 160.0))
+    ]
+    verdicts = [t.verdict(rows)[:2] for t in merge]
+    assert verdicts == [(pytest.approx(1.4), "met"), (pytest.approx(1.6), "missed")]

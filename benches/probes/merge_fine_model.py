@@ -15,6 +15,7 @@ import numpy as np
 from benches.probes.merge_sampled_model import (
     LIST_CAPACITY,
     MAX_BUCKET,
+    ROTATION,
     bench_rows,
     cutoff,
     ordered_keys,
@@ -67,7 +68,9 @@ def kept_in_slot_order(values, columns, k):
     width = len(keys)
     threshold = cutoff(keys[sample_positions(width)], sample_rank(k, width), key_bits)
     positions = np.arange(width)
-    thread_major = np.lexsort((positions % 4, positions // 2048, (positions // 4) % THREADS))
+    chunks = positions // (4 * THREADS)
+    threads = ((positions // 4) % THREADS - ROTATION * chunks) % THREADS  # kRotation
+    thread_major = np.lexsort((positions % 4, chunks, threads))
     kept = thread_major[(keys[thread_major] != 0) & (keys[thread_major] >= np.uint64(threshold))]
     return keys, kept
 

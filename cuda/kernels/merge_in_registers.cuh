@@ -43,8 +43,10 @@ constexpr int kItems = kChunk * kChunks;  // candidates a thread
 // Chunk c of the row is read by the threads rotated by c * kRotation: a warp still loads 32
 // consecutive 16-byte pieces, but when the row is lists in rank order (top_k(sorted=True)'s
 // results, one a chunk at 8 x 2048), each list's leading ranks, where the winners are, fall to
-// warps of their own instead of all to warps 0-1, which then did the whole filter alone.
+// different warps instead of all to warps 0-2, which then did the whole filter alone.
 constexpr int kRotation = kThreads / kChunks;
+static_assert(kThreads % kChunks == 0 && kRotation % 32 == 0,
+              "a warp's pieces stay 32 consecutive ones, and each thread keeps its lane");
 constexpr int64_t kMaxWidth = int64_t{kThreads} * kItems;
 constexpr int kDigitBits = 11;
 constexpr int kBins = 1 << kDigitBits;
