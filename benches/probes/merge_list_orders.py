@@ -1,0 +1,50 @@
+"""merge_topk on lists in no order against lists in rank order (as top_k(sorted=False) and
+top_k(sorted=True) return them) at list counts besides the bench's 8 x 2048, and on the few
+lists of a running top-k or a 2- to 4-way split: the register kernel's rotated chunks
+(merge_in_registers.cuh kRotation) should make the two orders cost the same wherever the row
+fits it (m <= 16384), and the per-row time should not grow as rows get narrower. Device time
+(the bench's method), float32, 5536 rows (MERGE_ROWS). Run from the repo root on a GPU:
+python -m benches.probes.merge_list_orders"""
+
+import os
+
+import jax
+
+from benches import merge
+from benches.bench import Shape, device_time_us
+
+ROWS = int(os.environ.get("MERGE_ROWS", "5536"))
+# (lists, each list's length, k): the bench's 8 x 2048, more and shorter lists, and the few
+# lists of a running top-k ([running k, chunk's k]), a 2- or 4-way split or shard.
+SHAPES = [
+    (8, 2048, 2048),
+    (16, 1024, 1024),
+    (32, 512, 512),
+    (4, 4096, 2048),
+    (4, 2048, 2048),
+    (2, 2048, 2048),
+    (2, 1024, 1024),
+    (4, 1024, 512),
+]
+
+
+def main():
+    print(f"merge_topk, float32, {ROWS} rows, on {jax.devices()[0].device_kind}")
+    print("| lists x length | k | no order (us) | rank order (us) | rank / no |")
+    print("| --- | --- | --- | --- | --- |")
+    for lists, per_list, k in SHAPES:
+        times = []
+        for order in ("full", "sorted"):
+            shape = Shape(merge.OP, "float32", ROWS, lists * per_list, per_list, order)
+            sets = merge.make_inputs(shape, 3, seed=lists)
+            call = jax.jit(merge.ours_call(k))
+            times.append(device_time_us(call, sets, 6))
+        print(
+            f"| {lists} x {per_list} | {k} | {times[0]:.1f} | {times[1]:.1f} | "
+            f"{times[1] / times[0]:.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
