@@ -276,7 +276,8 @@ def winner_places(values, indices, won_values, won_indices, *, sorted: bool):
     # A row without a winner: last_key is the limit and last_column -1, so nothing wins.
     above = (keys > last_key) | ((keys == last_key) & (indices < last_column))
     holds_last = candidate & (keys == last_key) & (indices == last_column)
-    earlier_holding = jnp.cumsum(holds_last, axis=1, dtype=jnp.int32) - holds_last
+    held = holds_last.astype(jnp.int32)  # int arithmetic (strict dtype promotion: no bool - int)
+    earlier_holding = jnp.cumsum(held, axis=1) - held
     wins = candidate & (above | (holds_last & (earlier_holding < last_count)))
     # Compacted in place order: winner j (a running count) to slot j; others dropped.
     slot = jnp.where(wins, jnp.cumsum(wins, axis=1, dtype=jnp.int32) - 1, k)

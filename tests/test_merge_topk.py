@@ -606,3 +606,22 @@ def test_rank_order_lists_gpu_equals_cpu(dtype, lists, per_list, k):
     for sorted_ in (True, False):
         got = run_merge("gpu", values, indices, k, sorted_)
         assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")
+
+
+def test_grad_under_strict_dtype_promotion(backend):
+    """The gradient's winner search does integer arithmetic only on integers: under
+    jax_numpy_dtype_promotion="strict" (no bool - int32) it runs and equals the default's."""
+    device = device_for(backend)
+    values = jax.device_put(jnp.array([[3.0, 1.0, 2.0, 0.0, 2.0, 5.0]]), device)
+    indices = jax.device_put(jnp.array([[0, 1, 2, 3, 4, 5]], jnp.int32), device)
+    weights = jax.device_put(jnp.arange(1.0, 4.0), device)
+
+    def loss(v):
+        merged, _ = jax_topk.merge_topk(v, indices, 3)
+        return (merged * weights).sum()
+
+    want = jax.grad(loss)(values)
+    with jax.numpy_dtype_promotion("strict"):
+        got = jax.grad(loss)(values)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(want), [[2.0, 0, 3.0, 0, 0, 1.0]])
