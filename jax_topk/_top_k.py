@@ -149,6 +149,9 @@ def bind_rows(op: str, scores, lengths, *, k: int, sorted: bool, with_values: bo
     return PRIMITIVES[op].bind(*operands, params=params)
 
 
+# Jitted so that its NaN masks stay inside one computation: op by op (outside any jit),
+# jax_debug_nans would report them although no NaN leaves the call.
+@partial(jax.jit, static_argnames=("k", "sorted"))
 def _select_in_rounds(operand, lengths, *, k: int, sorted: bool):
     """(values, indices) for k > MAX_K, MAX_K winners a round in rank order (the last round
     the rest). Before each later round, every element ranked at or above the previous

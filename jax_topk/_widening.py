@@ -57,4 +57,7 @@ def widened(x):
 def narrowed(values, indices, dtype):
     """Values selected from a widened array, back in `dtype` (exact: each came from it),
     the narrow empty value where no candidate was selected (index -1)."""
-    return jnp.where(indices >= 0, values.astype(dtype), _fallback.empty_value(dtype))
+    # The empty slots' widened value (-inf) is not cast: a float8 without inf would make it
+    # NaN, which jax_debug_nans reports although no NaN leaves the call.
+    selected = jnp.where(indices >= 0, values, jnp.ones((), values.dtype)).astype(dtype)
+    return jnp.where(indices >= 0, selected, _fallback.empty_value(dtype))

@@ -738,3 +738,21 @@ def test_bfloat16_float16_dtypes_are_kept():
         values, indices = jax_topk.top_k(x.astype(dtype), 2)
         assert values.dtype == dtype and indices.dtype == jnp.int32
     assert np.dtype(ml_dtypes.bfloat16) == jnp.bfloat16
+
+
+def test_no_nan_reported_under_debug_nans(backend):
+    """jax_debug_nans (op by op, outside jit) sees no NaN where none goes in or comes out:
+    the rounds' NaN masks (k > 2048) stay inside one jitted computation, and a float8
+    without inf does not pass its empty slots through a cast of -inf (NaN there)."""
+    device = device_for(backend)
+    x = jax.device_put(jnp.arange(3000.0, dtype=jnp.float32)[None], device)
+    e4m3 = jax.device_put(jnp.ones((1, 4), jnp.float8_e4m3fn), device)
+    with jax.debug_nans(True):
+        values, indices = jax_topk.top_k(x, 2100)
+        assert int(indices[0, 0]) == 2999 and int(indices[0, -1]) == 900
+        jax.grad(lambda v: jax_topk.top_k(v, 2100)[0].sum())(x)
+        values, indices = jax_topk.top_k(e4m3, 2, lengths=jnp.array([1]))
+        np.testing.assert_array_equal(np.asarray(indices), [[0, -1]])
+        assert float(values[0, 1]) == -448.0  # e4m3fn's lowest: its empty value
+        merged, _ = jax_topk.merge_topk(e4m3, jnp.array([[0, -1, -1, -1]], jnp.int32), 2)
+        assert float(merged[0, 1]) == -448.0
