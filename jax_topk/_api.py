@@ -18,6 +18,13 @@ def host_integers(value):
     """`jnp.asarray(value)`, except that host arrays of 64-bit integers saturate to int32's
     range first: with x64 off (JAX's default) jnp.asarray narrows them by wrapping, so a
     length of 2**31 would become -2**31, an empty row, before any clamp could see it."""
+    if isinstance(value, (int, list, tuple)) and not isinstance(value, bool):
+        try:
+            return jnp.asarray(value)
+        except OverflowError:  # Python ints past int32 (or int64): saturated as NumPy's are
+            value = np.asarray(value)
+            if value.dtype == object:
+                value = np.vectorize(_saturated, otypes=[np.int32])(value)
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "iu":
         if value.dtype.itemsize > 4:
             low = 0 if value.dtype.kind == "u" else _INT32_MIN
@@ -26,10 +33,15 @@ def host_integers(value):
     return jnp.asarray(value)
 
 
+def _saturated(value: int) -> int:
+    """A Python int clamped into int32's range."""
+    return min(max(int(value), _INT32_MIN), _INT32_MAX)
+
+
 def as_int32(value):
     """Integer runtime values as int32, saturating (not wrapping) wider ones."""
     if isinstance(value, int):  # a Python int may not fit any JAX integer
-        return jnp.int32(min(max(value, _INT32_MIN), _INT32_MAX))
+        return jnp.int32(_saturated(value))
     value = host_integers(value)
     if value.dtype == jnp.int32:
         return value
@@ -44,6 +56,9 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     """Checks the arguments, states the call as `Operands` and `Params` (the 2-D form the
     primitives take), binds, and gives the indices the scores' leading shape."""
     scores = jnp.asarray(scores)
+    _checks.require_lengths(
+        op, lengths, "pass jnp.full(scores.shape[:-1], scores.shape[-1]), or use jax_topk.top_k"
+    )
     lengths = host_integers(lengths)
     k = _checks.check_k(op, k)
     log2_page_size = _checks.check_page_size(op, page_size)
@@ -61,7 +76,7 @@ def topk(op, scores, lengths, *, k, page_table, page_size, table_rows, num_valid
     if page_table is not None:
         page_table = page_table.reshape(-1, page_table.shape[-1])
     if table_rows is not None:
-        table_rows = table_rows.reshape(rows)
+        table_rows = as_int32(table_rows).reshape(rows)
     if num_valid_rows is not None:
         num_valid_rows = as_int32(num_valid_rows).reshape(1)
     params = Params(

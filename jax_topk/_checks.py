@@ -87,6 +87,16 @@ def _check_integer(
         )
 
 
+def require_lengths(op: str, lengths, whole_rows_hint: str):
+    """The operators whose `lengths` is required name it when it is missing (else
+    jnp.asarray(None) fails with a message that names nothing)."""
+    if lengths is None:
+        raise TypeError(
+            f"{op}: lengths is required (an integer array, one length per row); "
+            f"for whole rows {whole_rows_hint}"
+        )
+
+
 def check_lengths(op: str, lengths, leading: tuple[int, ...], shape_is=None):
     """`shape_is`: what the expected shape is, for the message."""
     _check_integer(op, "lengths", lengths, leading, shape_is or "the scores' leading shape")
@@ -113,13 +123,8 @@ def check_page_table(op: str, page_table, table_rows, leading, n: int, page_size
             )
         if page_table.shape[0] < 1 and int(np.prod(leading, dtype=np.int64)) > 0:
             raise ValueError(f"{op}: page_table has T=0 rows; table_rows needs T >= 1")
-        if table_rows.dtype != jnp.int32:
-            raise TypeError(f"{op}: table_rows must be int32, got {table_rows.dtype}")
-        if tuple(table_rows.shape) != leading:
-            raise ValueError(
-                f"{op}: table_rows has shape {tuple(table_rows.shape)}, expected "
-                f"{leading} (the scores' leading shape)"
-            )
+        # Any integer dtype: a runtime value, saturated to int32 as lengths are.
+        _check_integer(op, "table_rows", table_rows, leading)
     pages = page_table.shape[-1]
     if pages * page_size < n:
         raise ValueError(

@@ -19,6 +19,10 @@ def _inputs(op, q, keys, weights, key_scales):
     return q, keys, weights, key_scales, queries, keys_count
 
 
+# What the lengths' expected shape is, for the message.
+QUERY_ROWS = "one length per query row: q's M"
+
+
 def _bind(params, q, keys, weights, key_scales, lengths, **optional):
     operands = IndexerOperands(
         q=q[None],
@@ -48,7 +52,7 @@ def indexer_logits(q, keys, weights, lengths=None, *, key_scales=None):
     q, keys, weights, key_scales, queries, _ = _inputs(LOGITS, q, keys, weights, key_scales)
     if lengths is not None:
         lengths = host_integers(lengths)
-        _checks.check_lengths(LOGITS, lengths, (queries,))
+        _checks.check_lengths(LOGITS, lengths, (queries,), QUERY_ROWS)
     params = IndexerParams(
         op=LOGITS, has_key_scales=key_scales is not None, has_lengths=lengths is not None
     )
@@ -79,11 +83,12 @@ def indexer_topk(
     JAX_TOPK_INDEXER_TOPK=fused (set at compile and run time; measured slower).
     """
     q, keys, weights, key_scales, queries, keys_count = _inputs(TOPK, q, keys, weights, key_scales)
+    _checks.require_lengths(TOPK, lengths, "pass jnp.full(q.shape[0], keys.shape[0])")
     lengths = host_integers(lengths)
     k = _checks.check_k(TOPK, k, max_k=INDEXER_MAX_K)
     log2_page_size = _checks.check_page_size(TOPK, page_size)
     sorted = _checks.check_sorted(TOPK, sorted)
-    _checks.check_lengths(TOPK, lengths, (queries,))
+    _checks.check_lengths(TOPK, lengths, (queries,), QUERY_ROWS)
     if page_table is not None:
         page_table = jnp.asarray(page_table)
     if table_rows is not None:
@@ -105,7 +110,7 @@ def indexer_topk(
     if page_table is not None:
         optional["page_table"] = page_table[None]
     if table_rows is not None:
-        optional["table_rows"] = table_rows[None]
+        optional["table_rows"] = as_int32(table_rows)[None]
     if num_valid_rows is not None:
         optional["num_valid_rows"] = as_int32(num_valid_rows).reshape(1)
     return _bind(params, q, keys, weights, key_scales, lengths, **optional)[0]

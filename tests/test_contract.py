@@ -195,6 +195,36 @@ def test_host_64_bit_lengths_saturate_in_top_k_and_the_indexer():
     np.testing.assert_array_equal(idx, [[0, 1, 2, 3]] * 2 + [[-1] * 4])
 
 
+def test_python_int_lengths_past_int32_saturate():
+    """A Python int (or a list of them) too wide for int32 saturates like a NumPy int64
+    does, where jnp.asarray alone raises OverflowError."""
+    x = jnp.arange(5.0)
+    for wide in (2**40, 2**70):
+        _, indices = jax_topk.top_k(x, 2, lengths=wide)
+        np.testing.assert_array_equal(np.asarray(indices), [4, 3])
+        np.testing.assert_array_equal(np.asarray(jax_topk.topk_filtered(x, wide, k=2)), [3, 4])
+        _, indices = jax_topk.top_k(x, 2, lengths=-wide)
+        np.testing.assert_array_equal(np.asarray(indices), [-1, -1])
+    rows = jnp.arange(10.0).reshape(2, 5)
+    got = jax_topk.topk_filtered(rows, [2**40, 1], k=2, sorted=True)
+    np.testing.assert_array_equal(np.asarray(got), [[4, 3], [0, -1]])
+
+
+def test_device_64_bit_table_rows_saturate_under_x64(op):
+    """Under x64 an integer list is an int64 device array: table_rows (a runtime value, as
+    lengths) saturates to int32 and is then clamped into the table's rows."""
+    rng = np.random.default_rng(19)
+    scores = make_scores(op, rng, (3, 50))
+    table = permuted_page_table(rng, 2, 50)
+    lengths = np.full(3, 50, np.int32)
+    with jax.enable_x64(True):
+        table_rows = jnp.array([2**40, -(2**40), 1])
+        assert table_rows.dtype == jnp.int64
+        got = OPS[op](scores, lengths, k=4, page_table=table, table_rows=table_rows)
+    want = reference_topk(scores, lengths, 4, page_table=table, table_rows=np.array([1, 0, 1]))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_deterministic(op, backend):
     rng = np.random.default_rng(9)
     scores = make_scores(op, rng, (16, 2000), "heavy_ties")

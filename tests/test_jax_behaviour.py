@@ -165,6 +165,17 @@ def test_errors(op, overrides, error, words):
     assert op in str(info.value)
 
 
+def test_missing_lengths_are_named(op):
+    with pytest.raises(TypeError, match=rf"{op}: lengths is required.*jnp.full"):
+        OPS[op](jnp.zeros((2, 8), SCORE_DTYPES[op]), None)
+    q = jnp.ones((3, 2, 8), jnp.bfloat16)
+    keys, weights = jnp.ones((50, 8), jnp.bfloat16), jnp.ones((3, 2), jnp.float32)
+    with pytest.raises(TypeError, match=r"indexer_topk: lengths is required"):
+        jax_topk.indexer_topk(q, keys, weights, None, k=4)
+    with pytest.raises(ValueError, match=r"lengths has shape \(2,\), expected \(3,\).*q's M"):
+        jax_topk.indexer_logits(q, keys, weights, jnp.zeros(2, jnp.int32))
+
+
 def test_dtype_errors_point_to_the_other_operator():
     with pytest.raises(TypeError, match="topk_filtered"):
         jax_topk.topk_bf16(jnp.zeros((2, 8), jnp.float32), jnp.zeros(2, jnp.int32))
