@@ -304,6 +304,11 @@ def merge(values, indices, *, k: int, sorted: bool):
     return gather_values(values, places), jnp.where(places >= 0, columns, EMPTY_SLOT)
 
 
+# cuda/common/indexer_inputs.h's sum blocks.
+INDEXER_DOT_BLOCK = 128
+INDEXER_HEAD_BLOCK = 64
+
+
 def indexer_logits(q, keys, weights, key_scales, lengths, *, has_key_scales: bool):
     """The lightning indexer's logits [B, M, N] (docs/contract.md section 9) in float32: q
     and keys widened exactly, one float32 dot over D per (query head, key), the key scale,
@@ -312,19 +317,28 @@ def indexer_logits(q, keys, weights, key_scales, lengths, *, has_key_scales: boo
     (lengths None: every row whole)."""
     batch, queries, heads, head_dim = q.shape
     keys_count = keys.shape[1]
-    dots = lax.dot_general(
-        q.astype(jnp.float32).reshape(batch, queries * heads, head_dim),
-        keys.astype(jnp.float32),
-        (((2,), (2,)), ((0,), (0,))),
-        precision=lax.Precision.HIGHEST,
-        preferred_element_type=jnp.float32,
-    ).reshape(batch, queries, heads, keys_count)
+    # Sums in blocks as the CPU handler's (INDEXER_DOT_BLOCK terms over d, INDEXER_HEAD_BLOCK
+    # heads, each block's sum added in order): the contract's bound at any D and H.
+    dots = None
+    for first in range(0, head_dim, INDEXER_DOT_BLOCK):
+        last = min(first + INDEXER_DOT_BLOCK, head_dim)
+        block = lax.dot_general(
+            q[..., first:last].astype(jnp.float32).reshape(batch, queries * heads, last - first),
+            keys[..., first:last].astype(jnp.float32),
+            (((2,), (2,)), ((0,), (0,))),
+            precision=lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+        ).reshape(batch, queries, heads, keys_count)
+        dots = block if dots is None else dots + block
     if has_key_scales:
         dots = dots * key_scales[:, None, None, :]
     relu = jnp.maximum(dots, 0.0)
-    logits = weights[:, :, 0, None] * relu[:, :, 0]
-    for head in range(1, heads):
-        logits = logits + weights[:, :, head, None] * relu[:, :, head]
+    logits = None
+    for first in range(0, heads, INDEXER_HEAD_BLOCK):
+        block = weights[:, :, first, None] * relu[:, :, first]
+        for head in range(first + 1, min(first + INDEXER_HEAD_BLOCK, heads)):
+            block = block + weights[:, :, head, None] * relu[:, :, head]
+        logits = block if logits is None else logits + block
     # The stated sum starts at +0: that differs from starting at the first term only where
     # every term is -0, so -0 becomes +0 (a select XLA cannot fold away, as it may `0 + x`).
     logits = jnp.where(logits == 0.0, 0.0, logits)

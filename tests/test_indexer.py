@@ -175,6 +175,26 @@ def test_logits_within_bound_of_float64(backend, dtype, family):
     assert (error <= TOLERANCE[dtype] * scale[~past]).all(), (error / scale[~past]).max()
 
 
+@pytest.mark.parametrize("heads,head_dim", [(1, 512), (1, 1024), (512, 1), (130, 300)])
+def test_logits_within_bound_when_every_rounding_errs_one_way(backend, heads, head_dim):
+    """Terms whose float32 sums in order round the same way each time (1 + t + t + ...
+    with t just above half an ulp of 1): D + H terms in order would err by ~(D + H) / 2^24
+    of their magnitude, past the bound's 2e-5 from D + H ~ 335; the blocked sums stay
+    within it (docs/contract.md section 9). Every term is a normal float32 and a bfloat16."""
+    t = np.float32(2.0**-24 * (1 + 2.0**-7))
+    q = np.full((2, heads, head_dim), t, np.float32)
+    q[:, 0, 0] = 1.0
+    keys = np.ones((3, head_dim), np.float32)
+    weights = np.ones((2, heads), np.float32)
+    exact = q
+    q, keys = q.astype(BF16), keys.astype(BF16)
+    np.testing.assert_array_equal(q.astype(np.float32), exact)  # t is a bfloat16 value
+    got = run(jax_topk.indexer_logits, backend, q, keys, weights)
+    want, scale = reference_logits(q, keys, weights)
+    error = np.abs(got.astype(np.float64) - want)
+    assert (error <= TOLERANCE[BF16] * scale).all(), (error / scale).max()
+
+
 def _raw_values(rng, shape, dtype):
     """Every bit pattern of the dtype: NaNs, infinities, subnormals, +-0 among them."""
     if dtype == BF16:
@@ -192,7 +212,9 @@ def _special_floats(rng, shape):
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP8], ids=["bfloat16", "float8_e4m3fn"])
-@pytest.mark.parametrize("heads,head_dim,n", [(1, 1, 1), (3, 7, 37), (64, 128, 261)])
+@pytest.mark.parametrize(
+    "heads,head_dim,n", [(1, 1, 1), (3, 7, 37), (64, 128, 261), (70, 300, 21), (129, 129, 9)]
+)
 @pytest.mark.parametrize("values", ["normal", "raw_bits"])
 @pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "key_scales"])
 def test_cpu_logits_in_the_stated_order(dtype, heads, head_dim, n, values, scaled):

@@ -9,6 +9,13 @@
 
 namespace jax_topk {
 
+// The logits' float32 sums in blocks (docs/contract.md section 9): a dot's terms over d summed
+// in order kIndexerDotBlock at a time, those sums added in order; the heads' terms likewise,
+// kIndexerHeadBlock at a time. Keeps every logit within the contract's accuracy bound for D and
+// H in the thousands, where sums in order of D + H >~ 335 terms could leave it.
+constexpr int64_t kIndexerDotBlock = 128;
+constexpr int64_t kIndexerHeadBlock = 64;
+
 TOPK_HOST_DEVICE uint32_t Float32BitsOfBf16(uint16_t bits) {
   return static_cast<uint32_t>(bits) << 16;  // bfloat16 is float32's top half
 }

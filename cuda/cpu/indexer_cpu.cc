@@ -2,12 +2,13 @@
 // (once per call for many rows; block by block as scored for few rows: no N * D buffer).
 // Per query row t (L its clamped length), per block below L: for each head h in order, the
 // dot over d in order from 0 of q[t,h,d] * keys[s,d] (exact products), times key_scales[s],
-// relu, logits[s] += weights[t,h] * relu from 0; -inf for s >= L. Vectorised across keys
-// only (4 lanes, or 8 with AVX2 and no FMA, picked at run time: the same bits), 4 or 8 heads
-// sharing each key load with their dots in registers; so each element's sums are in that
-// order, the same bits whatever the thread count. Built without FMA contraction. Spans of
-// 1024 keys are spread over the cores; indexer_topk selects from a row buffer as
-// topk_filtered does. Limits: compute-bound, ~1 load per 8-16 multiply-adds.
+// relu, logits[s] += weights[t,h] * relu from 0; -inf for s >= L. Sums of more than 128
+// terms over d, or 64 heads, go in blocks (BlockDots, ScoreBlockOf: the contract's bound).
+// Vectorised across keys only (4 lanes, or 8 with AVX2 and no FMA, picked at run time: the same
+// bits), 4 or 8 heads sharing each key load with their dots in registers; so each element's sums
+// are in that order, the same bits whatever the thread count. Built without FMA contraction. Spans
+// of 1024 keys are spread over the cores; indexer_topk selects from a row buffer as topk_filtered
+// does. Limits: compute-bound, ~1 load per 8-16 multiply-adds.
 #include "cpu/indexer_cpu.h"
 
 #include <algorithm>
@@ -131,15 +132,25 @@ JAX_TOPK_INLINE void Load(Lanes& lanes, const float* from) {
   std::memcpy(&lanes, from, sizeof(lanes));
 }
 
-// The dots of heads [0, kHeads) of q_heads ([kHeads, D]) with one key block: each lane's sum
-// over d in order from 0, exactly the scalar loop's, kHeads * kKeysPerBlock of them at once.
+// The sums' blocks (docs/contract.md section 9): a dot adds kIndexerDotBlock terms of d in order
+// from 0, then adds those block sums in order; the logit adds kIndexerHeadBlock heads' terms
+// likewise. A sum of n terms in order rounds up to n - 1 times, so unblocked sums could leave
+// the contract's bound (2e-5 of the terms' magnitudes, ~335 roundings) past D + H ~ 335;
+// blocked, D and H of thousands stay within it. D <= 128 and H <= 64 are one block each: the
+// plain sums in order.
+constexpr int64_t kDotBlock = kIndexerDotBlock;
+constexpr int64_t kHeadBlock = kIndexerHeadBlock;
+
+// The sums over d in [first, end) of heads [0, kHeads) of q_heads ([kHeads, D]) with one key
+// block, each lane's in order from 0 (exactly the scalar loop's), kHeads * kKeysPerBlock at once.
 template <typename Shape, int64_t kHeads>
-JAX_TOPK_INLINE void BlockDots(const float* q_heads, int64_t d_count, const float* block,
-                               typename Shape::Lanes (&dots)[kHeads][Shape::kVectors]) {
+JAX_TOPK_INLINE void BlockDotRange(const float* q_heads, int64_t d_count, int64_t first,
+                                   int64_t end, const float* block,
+                                   typename Shape::Lanes (&dots)[kHeads][Shape::kVectors]) {
   using Lanes = typename Shape::Lanes;
   for (int64_t h = 0; h < kHeads; ++h)
     for (int64_t v = 0; v < Shape::kVectors; ++v) dots[h][v] = Lanes{};  // +0
-  for (int64_t d = 0; d < d_count; ++d) {
+  for (int64_t d = first; d < end; ++d) {
     Lanes key[Shape::kVectors];
     for (int64_t v = 0; v < Shape::kVectors; ++v)
       Load(key[v], block + d * kKeysPerBlock + v * Shape::kLanes);
@@ -148,6 +159,21 @@ JAX_TOPK_INLINE void BlockDots(const float* q_heads, int64_t d_count, const floa
       const float q_value = q_heads[h * d_count + d];
       for (int64_t v = 0; v < Shape::kVectors; ++v) dots[h][v] += q_value * key[v];
     }
+  }
+}
+
+// The dots of heads [0, kHeads) with one key block: the first kDotBlock terms' sum, then each
+// later block's sum added in order.
+template <typename Shape, int64_t kHeads>
+JAX_TOPK_INLINE void BlockDots(const float* q_heads, int64_t d_count, const float* block,
+                               typename Shape::Lanes (&dots)[kHeads][Shape::kVectors]) {
+  BlockDotRange<Shape, kHeads>(q_heads, d_count, 0, std::min(kDotBlock, d_count), block, dots);
+  for (int64_t first = kDotBlock; first < d_count; first += kDotBlock) {
+    typename Shape::Lanes partial[kHeads][Shape::kVectors];
+    BlockDotRange<Shape, kHeads>(q_heads, d_count, first, std::min(first + kDotBlock, d_count),
+                                 block, partial);
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t v = 0; v < Shape::kVectors; ++v) dots[h][v] += partial[h][v];
   }
 }
 
@@ -191,17 +217,28 @@ JAX_TOPK_INLINE void AddHeadPass(int64_t count, const float* q_heads, int64_t d_
 }
 
 // The kKeysPerBlock logits of one key block ([D, kKeysPerBlock]) into `out`: the heads in
-// passes of Shape::kHeads, so the sums over h stay in order, from 0. `scales` is the block's
-// kKeysPerBlock key scales, or nullptr.
+// passes of Shape::kHeads, so the sums over h stay in order, from 0, within each block of
+// kHeadBlock heads; the blocks' sums added in order. `scales` is the block's kKeysPerBlock key
+// scales, or nullptr.
 template <typename Shape>
 JAX_TOPK_INLINE void ScoreBlockOf(const float* q_row, int64_t heads, int64_t d_count,
                                   const float* block, const float* weights, const float* scales,
                                   float* out) {
-  typename Shape::Lanes sums[Shape::kVectors];
-  for (int64_t v = 0; v < Shape::kVectors; ++v) sums[v] = typename Shape::Lanes{};  // +0
-  for (int64_t h = 0; h < heads; h += Shape::kHeads)
-    AddHeadPass<Shape, Shape::kHeads>(std::min(Shape::kHeads, heads - h), q_row + h * d_count,
-                                      d_count, block, weights + h, scales, sums);
+  static_assert(kHeadBlock % Shape::kHeads == 0, "a head block is whole passes");
+  using Lanes = typename Shape::Lanes;
+  Lanes sums[Shape::kVectors];
+  for (int64_t first = 0; first < heads; first += kHeadBlock) {
+    Lanes block_sums[Shape::kVectors];
+    for (int64_t v = 0; v < Shape::kVectors; ++v) block_sums[v] = Lanes{};  // +0
+    const int64_t end = std::min(first + kHeadBlock, heads);
+    for (int64_t h = first; h < end; h += Shape::kHeads)
+      AddHeadPass<Shape, Shape::kHeads>(std::min(Shape::kHeads, end - h), q_row + h * d_count,
+                                        d_count, block, weights + h, scales, block_sums);
+    for (int64_t v = 0; v < Shape::kVectors; ++v)
+      sums[v] = first == 0 ? block_sums[v] : sums[v] + block_sums[v];
+  }
+  if (heads == 0)
+    for (int64_t v = 0; v < Shape::kVectors; ++v) sums[v] = Lanes{};
   std::memcpy(out, sums, sizeof(sums));
 }
 

@@ -94,12 +94,19 @@ def _flushed(x):
     return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
 
 
+# cuda/common/indexer_inputs.h's sum blocks.
+DOT_BLOCK = 128
+HEAD_BLOCK = 64
+
+
 def ordered_logits(q, keys, weights, lengths=None, key_scales=None):
     """The CPU handler's logits in float32, in its stated order (docs/contract.md section 9):
     per head in order, the dot over d in order from 0, times the key scale, relu, then
-    logits += weight * relu from 0; -inf past the lengths; denormals flushed as XLA's CPU
-    does. Vectorised over (t, s) only, so every sum is the handler's: equal to it bit for
-    bit, but for a NaN's payload and sign (which the compiler's operand order decides)."""
+    logits += weight * relu from 0 (sums of more than DOT_BLOCK d terms or HEAD_BLOCK heads
+    in blocks, each block's sum from 0, the blocks' sums added in order); -inf past the
+    lengths; denormals flushed as XLA's CPU does. Vectorised over (t, s) only, so every sum
+    is the handler's: equal to it bit for bit, but for a NaN's payload and sign (which the
+    compiler's operand order decides)."""
     q32 = _flushed(np.asarray(q).astype(np.float32))
     k32 = _flushed(np.asarray(keys).astype(np.float32))
     w32 = _flushed(np.asarray(weights, np.float32))
@@ -107,14 +114,20 @@ def ordered_logits(q, keys, weights, lengths=None, key_scales=None):
     n = k32.shape[0]
     logits = np.zeros((queries, n), np.float32)
     with np.errstate(all="ignore"):
-        for h in range(heads):
-            dots = np.zeros((queries, n), np.float32)
-            for d in range(head_dim):
-                dots = _flushed(dots + _flushed(q32[:, h, d, None] * k32[None, :, d]))
-            if key_scales is not None:
-                dots = _flushed(dots * _flushed(np.asarray(key_scales, np.float32))[None, :])
-            relu = np.where(dots < 0, np.float32(0), dots)  # std::max(dots, 0): NaN stays
-            logits = _flushed(logits + _flushed(w32[:, h, None] * relu))
+        for first_head in range(0, heads, HEAD_BLOCK):  # blocks of the sums: see the docstring
+            block_logits = np.zeros((queries, n), np.float32)
+            for h in range(first_head, min(first_head + HEAD_BLOCK, heads)):
+                dots = np.zeros((queries, n), np.float32)
+                for first in range(0, head_dim, DOT_BLOCK):
+                    partial = np.zeros((queries, n), np.float32)
+                    for d in range(first, min(first + DOT_BLOCK, head_dim)):
+                        partial = _flushed(partial + _flushed(q32[:, h, d, None] * k32[None, :, d]))
+                    dots = partial if first == 0 else _flushed(dots + partial)
+                if key_scales is not None:
+                    dots = _flushed(dots * _flushed(np.asarray(key_scales, np.float32))[None, :])
+                relu = np.where(dots < 0, np.float32(0), dots)  # std::max(dots, 0): NaN stays
+                block_logits = _flushed(block_logits + _flushed(w32[:, h, None] * relu))
+            logits = block_logits if first_head == 0 else _flushed(logits + block_logits)
     if lengths is not None:
         past = np.arange(n)[None, :] >= np.clip(np.asarray(lengths), 0, n)[:, None]
         logits[past] = -np.inf
