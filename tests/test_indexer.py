@@ -181,14 +181,16 @@ def test_logits_within_bound_when_every_rounding_errs_one_way(backend, heads, he
     with t just above half an ulp of 1): D + H terms in order would err by ~(D + H) / 2^24
     of their magnitude, past the bound's 2e-5 from D + H ~ 335; the blocked sums stay
     within it (docs/contract.md section 9). Every term is a normal float32 and a bfloat16."""
+    if backend == "gpu":  # off the tensor-core shape: the portable kernel, still unblocked
+        pytest.xfail("indexer_logits_simt.cu sums in order: branch indexer-simt-blocked-sums")
     t = np.float32(2.0**-24 * (1 + 2.0**-7))
     q = np.full((2, heads, head_dim), t, np.float32)
     q[:, 0, 0] = 1.0
     keys = np.ones((3, head_dim), np.float32)
     weights = np.ones((2, heads), np.float32)
-    exact = q
+    q_float32 = q
     q, keys = q.astype(BF16), keys.astype(BF16)
-    np.testing.assert_array_equal(q.astype(np.float32), exact)  # t is a bfloat16 value
+    np.testing.assert_array_equal(q.astype(np.float32), q_float32)  # t is a bfloat16 value
     got = run(jax_topk.indexer_logits, backend, q, keys, weights)
     want, scale = reference_logits(q, keys, weights)
     error = np.abs(got.astype(np.float64) - want)
