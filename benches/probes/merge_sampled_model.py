@@ -46,8 +46,11 @@ def sample_positions(width):
 
 
 def sample_rank(k, width):
-    """The sample's rank whose key is the cutoff: k's share of the 1024 samples, plus slack."""
-    expected = k * 2 * THREADS / width
+    """The sample's rank whose key is the cutoff: the top k's expected share of the sample
+    (1024 of the 16384 places the kernel can hold, so 1 in 16 of any row's), plus slack.
+    `width` is unused: the kernel's SampleRank(k) does not depend on it."""
+    del width
+    expected = k * 2 * THREADS / (THREADS * ITEMS)
     return int(np.ceil(expected + SAMPLE_SLACK * np.sqrt(expected) + 1))
 
 

@@ -399,11 +399,16 @@ __device__ __forceinline__ void ListMarked(Shared& s, const uint32_t (&keys)[kIt
   span.Add(key_min, key_max, column_min, column_max);
 }
 
-// The sample's rank whose key is the cutoff: k's share of the kThreads * kSamples sampled
-// positions plus 4 standard deviations (a binomial count's), so that fewer than k candidates
-// pass about once in 30000 rows of distinct keys.
-__device__ __forceinline__ uint32_t SampleRank(int64_t width, int32_t k) {
-  const float expected = static_cast<float>(k) * (kThreads * kSamples) / static_cast<float>(width);
+// The sample's rank whose key is the cutoff: the top k's expected share of the sample plus 4
+// standard deviations (a binomial count's), so that fewer than k candidates pass about once in
+// 30000 rows of distinct keys. The sample is a fixed kThreads * kSamples of kMaxWidth places
+// (1 in 16, evenly over every chunk), so a row of any width holds width / 16 of them and its
+// top k about k / 16: the share does not depend on the width. (It was taken as k's share of all
+// 1024 places, which over-kept narrower rows: 4 x 2048 kept ~5100 > kListCapacity and always
+// fell back, 2 x 2048 kept all 4096; benches/NOTES.md "the sample's rate".)
+__device__ __forceinline__ uint32_t SampleRank(int32_t k) {
+  const float expected =
+      static_cast<float>(k) * (kThreads * kSamples) / static_cast<float>(kMaxWidth);
   return static_cast<uint32_t>(ceilf(expected + 4.0f * sqrtf(expected) + 1.0f));
 }
 
@@ -758,7 +763,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The staged row (when `staged`): its values, then its columns, after s.
   Bits* staged_values = reinterpret_cast<Bits*>(shared_bytes + StagedOffset());
   const int32_t* staged_indices = reinterpret_cast<const int32_t*>(staged_values + width);
-  const uint32_t sample_rank = SampleRank(width, k);
+  const uint32_t sample_rank = SampleRank(k);
   s.fine.Zero();  // s.hist with it
   const int64_t grid = gridDim.x;
   const auto prefetch_row = [&](int64_t row) {
