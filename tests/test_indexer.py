@@ -396,6 +396,25 @@ def test_gpu_more_key_tiles_than_grid_y():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads,head_dim", [(70, 300), (129, 129), (512, 1), (1, 1024)])
+def test_gpu_portable_kernel_sums_in_the_cpu_blocks(heads, head_dim):
+    """Shapes off the tensor-core kernel's (H = 64, D = 128) run the portable CUDA kernel, which
+    sums in the CPU handler's blocks (128 d, 64 heads): the same bits on normal inputs, and
+    within the bound where every rounding errs one way."""
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    rng = np.random.default_rng(12)
+    q, keys, weights = make_inputs(rng, 3, heads, head_dim, 200)
+    lengths = np.array([200, 77, 0], np.int32)
+    gpu = run(jax_topk.indexer_logits, "gpu", q, keys, weights, lengths=lengths)
+    cpu = run(jax_topk.indexer_logits, "cpu", q, keys, weights, lengths=lengths)
+    np.testing.assert_array_equal(gpu.view(np.uint32), cpu.view(np.uint32))
+    test_logits_within_bound_when_every_rounding_errs_one_way("gpu", heads, head_dim)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [BF16, FP8], ids=["bfloat16", "float8_e4m3fn"])
 def test_gpu_logits_agree_with_cpu_within_bound(dtype):
     from tests.support.operators import gpu_devices
