@@ -15,16 +15,16 @@ _INT32_MIN = np.iinfo(np.int32).min
 
 
 def host_integers(value):
-    """`jnp.asarray(value)`, except that host arrays of 64-bit integers saturate to int32's
-    range first: with x64 off (JAX's default) jnp.asarray narrows them by wrapping, so a
-    length of 2**31 would become -2**31, an empty row, before any clamp could see it."""
-    if isinstance(value, (int, list, tuple)) and not isinstance(value, bool):
-        try:
-            return jnp.asarray(value)
-        except OverflowError:  # Python ints past int32 (or int64): saturated as NumPy's are
-            value = np.asarray(value)
-            if value.dtype == object:
-                value = np.vectorize(_saturated, otypes=[np.int32])(value)
+    """`jnp.asarray(value)`, except that host integers wider than int32 saturate to its range
+    first (NumPy arrays of 64-bit integers, Python ints and lists of them): with x64 off
+    (JAX's default) jnp.asarray narrows them by wrapping, so a length of 2**31 would become
+    -2**31, an empty row, before any clamp could see it (a Python int past int64 raises)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = np.asarray(_saturated(value), np.int32)
+    elif isinstance(value, (list, tuple)):
+        integers = _host_integer_list(value)
+        if integers is not None:
+            value = integers
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "iu":
         if value.dtype.itemsize > 4:
             low = 0 if value.dtype.kind == "u" else _INT32_MIN
@@ -36,6 +36,24 @@ def host_integers(value):
 def _saturated(value: int) -> int:
     """A Python int clamped into int32's range."""
     return min(max(int(value), _INT32_MIN), _INT32_MAX)
+
+
+def _host_integer_list(value):
+    """A (nested) list of Python or NumPy integers as a saturated int32 array; None for
+    anything else (floats, bools, JAX arrays or tracers: jnp.asarray's to take). Converted
+    element by element, since NumPy would make [2**63, 1] float64 and JAX would wrap a
+    uint64."""
+    try:
+        items = np.array(value, dtype=object)
+    except ValueError:  # ragged: jnp.asarray's error
+        return None
+    flat = items.reshape(-1)
+    if not all(
+        isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_))
+        for item in flat
+    ):
+        return None
+    return np.array([_saturated(item) for item in flat], np.int32).reshape(items.shape)
 
 
 def as_int32(value):

@@ -272,6 +272,13 @@ def shape_rule(*avals, params: Params):
     return params.result_avals(operands)
 
 
+# The indexer's largest H and D: its sums in blocks (128 terms over d, 64 heads) round at most
+# ~190 + D / 128 + H / 64 times, within the contract's 2e-5 (~335 float32 roundings) up to
+# D / 128 + H / 64 ~ 145; these limits keep it at 96.
+INDEXER_MAX_HEADS = 2048
+INDEXER_MAX_HEAD_DIM = 8192
+
+
 def check_indexer_inputs(op: str, q, keys, weights, key_scales) -> tuple[int, int, int, int]:
     """The lightning indexer's arrays (docs/contract.md section 9): returns (M, H, D, N)."""
     accepted = " or ".join(d.name for d in INPUT_DTYPES)
@@ -289,6 +296,12 @@ def check_indexer_inputs(op: str, q, keys, weights, key_scales) -> tuple[int, in
     keys_count = keys.shape[0]
     if heads < 1 or head_dim < 1:
         raise ValueError(f"{op}: q needs H >= 1 heads and D >= 1, got shape {tuple(q.shape)}")
+    if heads > INDEXER_MAX_HEADS or head_dim > INDEXER_MAX_HEAD_DIM:
+        raise ValueError(
+            f"{op}: q has H={heads} heads of D={head_dim}; the limits are H <= "
+            f"{INDEXER_MAX_HEADS} and D <= {INDEXER_MAX_HEAD_DIM} (past them the float32 sums, "
+            "even in blocks, could leave the accuracy bound of docs/contract.md section 9)"
+        )
     if not 1 <= keys_count <= MAX_WIDTH:
         raise ValueError(
             f"{op}: keys has N={keys_count} rows; it must satisfy 1 <= N <= {MAX_WIDTH} "

@@ -272,7 +272,9 @@ def winner_places(values, indices, won_values, won_indices, *, sorted: bool):
     last_key = jnp.min(jnp.where(filled, won_keys, key_limit), axis=1, keepdims=True)
     at_last_key = filled & (won_keys == last_key)
     last_column = jnp.max(jnp.where(at_last_key, won_indices, EMPTY_SLOT), axis=1, keepdims=True)
-    last_count = jnp.sum(at_last_key & (won_indices == last_column), axis=1, keepdims=True)
+    last_count = jnp.sum(
+        at_last_key & (won_indices == last_column), axis=1, keepdims=True, dtype=jnp.int32
+    )  # int32 as the running counts, also under x64 (strict promotion: no int64 - int32)
     # A row without a winner: last_key is the limit and last_column -1, so nothing wins.
     above = (keys > last_key) | ((keys == last_key) & (indices < last_column))
     holds_last = candidate & (keys == last_key) & (indices == last_column)
@@ -311,8 +313,9 @@ INDEXER_HEAD_BLOCK = 64
 
 def indexer_logits(q, keys, weights, key_scales, lengths, *, has_key_scales: bool):
     """The lightning indexer's logits [B, M, N] (docs/contract.md section 9) in float32: q
-    and keys widened exactly, one float32 dot over D per (query head, key), the key scale,
-    relu, then the weighted heads added in ascending order from +0 (an explicit sum, so the
+    and keys widened exactly, a float32 dot over each block of INDEXER_DOT_BLOCK d per (query
+    head, key), the blocks' dots added in order, the key scale, relu, then the weighted heads
+    added in ascending order from +0 in blocks of INDEXER_HEAD_BLOCK (explicit sums, so the
     order is the same in every graph that computes them); -inf past each row's length
     (lengths None: every row whole)."""
     batch, queries, heads, head_dim = q.shape

@@ -206,8 +206,12 @@ def test_python_int_lengths_past_int32_saturate():
         _, indices = jax_topk.top_k(x, 2, lengths=-wide)
         np.testing.assert_array_equal(np.asarray(indices), [-1, -1])
     rows = jnp.arange(10.0).reshape(2, 5)
-    got = jax_topk.topk_filtered(rows, [2**40, 1], k=2, sorted=True)
-    np.testing.assert_array_equal(np.asarray(got), [[4, 3], [0, -1]])
+    # NumPy alone would make [2**63, 1] float64; JAX alone would wrap a uint64 to 0.
+    for wide in ([2**40, 1], [2**63, 1], (np.uint64(2**63), np.int8(1)), [2**70, 1]):
+        got = jax_topk.topk_filtered(rows, wide, k=2, sorted=True)
+        np.testing.assert_array_equal(np.asarray(got), [[4, 3], [0, -1]], err_msg=str(wide))
+    with pytest.raises(TypeError, match="lengths must be an integer array"):
+        jax_topk.topk_filtered(rows, [2.0, 1.0], k=2)
 
 
 def test_device_64_bit_table_rows_saturate_under_x64(op):

@@ -186,9 +186,9 @@ def test_logits_within_bound_when_every_rounding_errs_one_way(backend, heads, he
     q[:, 0, 0] = 1.0
     keys = np.ones((3, head_dim), np.float32)
     weights = np.ones((2, heads), np.float32)
-    exact = q
+    q_float32 = q
     q, keys = q.astype(BF16), keys.astype(BF16)
-    np.testing.assert_array_equal(q.astype(np.float32), exact)  # t is a bfloat16 value
+    np.testing.assert_array_equal(q.astype(np.float32), q_float32)  # t is a bfloat16 value
     got = run(jax_topk.indexer_logits, backend, q, keys, weights)
     want, scale = reference_logits(q, keys, weights)
     error = np.abs(got.astype(np.float64) - want)

@@ -176,6 +176,20 @@ def test_missing_lengths_are_named(op):
         jax_topk.indexer_logits(q, keys, weights, jnp.zeros(2, jnp.int32))
 
 
+def test_indexer_head_limits_are_named():
+    keys, weights = jnp.ones((5, 8), jnp.bfloat16), jnp.ones((1, 2049), jnp.float32)
+    with pytest.raises(ValueError, match=r"indexer_logits: q has H=2049 heads of D=8.*H <= 2048"):
+        jax.eval_shape(jax_topk.indexer_logits, jnp.ones((1, 2049, 8), jnp.bfloat16), keys, weights)
+    keys = jnp.ones((5, 8193), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"D=8193.*D <= 8192"):
+        jax.eval_shape(
+            jax_topk.indexer_logits,
+            jnp.ones((1, 1, 8193), jnp.bfloat16),
+            keys,
+            jnp.ones((1, 1), jnp.float32),
+        )
+
+
 def test_dtype_errors_point_to_the_other_operator():
     with pytest.raises(TypeError, match="topk_filtered"):
         jax_topk.topk_bf16(jnp.zeros((2, 8), jnp.float32), jnp.zeros(2, jnp.int32))

@@ -608,13 +608,20 @@ def test_rank_order_lists_gpu_equals_cpu(dtype, lists, per_list, k):
         assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")
 
 
-def test_grad_under_strict_dtype_promotion(backend):
-    """The gradient's winner search does integer arithmetic only on integers: under
-    jax_numpy_dtype_promotion="strict" (no bool - int32) it runs and equals the default's."""
+@pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
+def test_grad_under_strict_dtype_promotion(backend, x64):
+    """The gradient's winner search does integer arithmetic only on int32s: under
+    jax_numpy_dtype_promotion="strict" (no bool - int32, no int64 - int32 under x64) it runs
+    and equals the default's."""
+    with jax.enable_x64(x64):
+        _check_grad_under_strict_dtype_promotion(backend)
+
+
+def _check_grad_under_strict_dtype_promotion(backend):
     device = device_for(backend)
-    values = jax.device_put(jnp.array([[3.0, 1.0, 2.0, 0.0, 2.0, 5.0]]), device)
+    values = jax.device_put(jnp.array([[3.0, 1.0, 2.0, 0.0, 2.0, 5.0]], jnp.float32), device)
     indices = jax.device_put(jnp.array([[0, 1, 2, 3, 4, 5]], jnp.int32), device)
-    weights = jax.device_put(jnp.arange(1.0, 4.0), device)
+    weights = jax.device_put(jnp.arange(1.0, 4.0, dtype=jnp.float32), device)
 
     def loss(v):
         merged, _ = jax_topk.merge_topk(v, indices, 3)

@@ -134,7 +134,7 @@ JAX_TOPK_INLINE void Load(Lanes& lanes, const float* from) {
 
 // The sums' blocks (docs/contract.md section 9): a dot adds kIndexerDotBlock terms of d in order
 // from 0, then adds those block sums in order; the logit adds kIndexerHeadBlock heads' terms
-// likewise. A sum of n terms in order rounds up to n - 1 times, so unblocked sums could leave
+// likewise. A sum of n terms in order rounds as many as n - 1 times, so unblocked sums could leave
 // the contract's bound (2e-5 of the terms' magnitudes, ~335 roundings) past D + H ~ 335;
 // blocked, D and H of thousands stay within it. D <= 128 and H <= 64 are one block each: the
 // plain sums in order.
@@ -227,6 +227,7 @@ JAX_TOPK_INLINE void ScoreBlockOf(const float* q_row, int64_t heads, int64_t d_c
   static_assert(kHeadBlock % Shape::kHeads == 0, "a head block is whole passes");
   using Lanes = typename Shape::Lanes;
   Lanes sums[Shape::kVectors];
+  for (int64_t v = 0; v < Shape::kVectors; ++v) sums[v] = Lanes{};  // +0
   for (int64_t first = 0; first < heads; first += kHeadBlock) {
     Lanes block_sums[Shape::kVectors];
     for (int64_t v = 0; v < Shape::kVectors; ++v) block_sums[v] = Lanes{};  // +0
@@ -234,11 +235,9 @@ JAX_TOPK_INLINE void ScoreBlockOf(const float* q_row, int64_t heads, int64_t d_c
     for (int64_t h = first; h < end; h += Shape::kHeads)
       AddHeadPass<Shape, Shape::kHeads>(std::min(Shape::kHeads, end - h), q_row + h * d_count,
                                         d_count, block, weights + h, scales, block_sums);
-    for (int64_t v = 0; v < Shape::kVectors; ++v)
-      sums[v] = first == 0 ? block_sums[v] : sums[v] + block_sums[v];
+    // +0 + a block's sum is that sum's bits: a sum from +0 is never -0, a NaN keeps its payload.
+    for (int64_t v = 0; v < Shape::kVectors; ++v) sums[v] += block_sums[v];
   }
-  if (heads == 0)
-    for (int64_t v = 0; v < Shape::kVectors; ++v) sums[v] = Lanes{};
   std::memcpy(out, sums, sizeof(sums));
 }
 
@@ -271,7 +270,8 @@ ScoreBlock BlockScorer() {
 
 // Keys [first_key, end_key) of row `row` (= b * M + t) of the logits into `logits` [N] (the
 // row; first_key a multiple of kKeysPerBlock): per key block, the heads in passes of
-// kHeadsPerPass (the sums over h still in order, from 0); -inf from the row's length on.
+// kHeadsPerPass (the sums over h still in order, from 0, in blocks of kHeadBlock heads: see
+// ScoreBlockOf); -inf from the row's length on.
 void LogitsSpan(const IndexerProblem& p, const BlockedKeys& keys, int64_t row, int64_t first_key,
                 int64_t end_key, IndexerScratch& scratch, float* logits) {
   const int64_t n = p.keys_count, heads = p.heads, d_count = p.head_dim;
