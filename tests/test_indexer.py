@@ -181,8 +181,6 @@ def test_logits_within_bound_when_every_rounding_errs_one_way(backend, heads, he
     with t just above half an ulp of 1): D + H terms in order would err by ~(D + H) / 2^24
     of their magnitude, past the bound's 2e-5 from D + H ~ 335; the blocked sums stay
     within it (docs/contract.md section 9). Every term is a normal float32 and a bfloat16."""
-    if backend == "gpu":  # off the tensor-core shape: the portable kernel, still unblocked
-        pytest.xfail("indexer_logits_simt.cu sums in order: branch indexer-simt-blocked-sums")
     t = np.float32(2.0**-24 * (1 + 2.0**-7))
     q = np.full((2, heads, head_dim), t, np.float32)
     q[:, 0, 0] = 1.0
@@ -395,6 +393,25 @@ def test_gpu_more_key_tiles_than_grid_y():
     cpu = run(jax_topk.indexer_logits, "cpu", q, keys, weights, lengths=lengths)
     np.testing.assert_array_equal(gpu.view(np.uint32), cpu.view(np.uint32))
     _assert_topk_matches("gpu", q, keys, weights, lengths, k=2048)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,head_dim", [(70, 300), (129, 129), (512, 1), (1, 1024)])
+def test_gpu_portable_kernel_sums_in_the_cpu_blocks(heads, head_dim):
+    """Shapes off the tensor-core kernel's (H = 64, D = 128) run the portable CUDA kernel, which
+    sums in the CPU handler's blocks (128 d, 64 heads): the same bits on normal inputs, and
+    within the bound where every rounding errs one way."""
+    from tests.support.operators import gpu_devices
+
+    if not gpu_devices():
+        pytest.skip("no GPU visible to JAX")
+    rng = np.random.default_rng(12)
+    q, keys, weights = make_inputs(rng, 3, heads, head_dim, 200)
+    lengths = np.array([200, 77, 0], np.int32)
+    gpu = run(jax_topk.indexer_logits, "gpu", q, keys, weights, lengths=lengths)
+    cpu = run(jax_topk.indexer_logits, "cpu", q, keys, weights, lengths=lengths)
+    np.testing.assert_array_equal(gpu.view(np.uint32), cpu.view(np.uint32))
+    test_logits_within_bound_when_every_rounding_errs_one_way("gpu", heads, head_dim)
 
 
 @pytest.mark.gpu

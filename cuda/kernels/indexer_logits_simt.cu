@@ -4,8 +4,9 @@
 // grid-stride past 65535 tiles); each thread computes one logit in the CPU handler's order:
 // for h in order, dot = sum over d in order of q * key (fma: the product of two bf16 or fp8
 // values is exact, so this rounds as the CPU's add), times key_scales, relu, then
-// logit += weights * relu with separate rounded multiply and add. So its bits equal the CPU
-// handler's (not a promise of the contract: another kernel may order the sums differently).
+// logit += weights * relu with separate rounded multiply and add; past kIndexerDotBlock d or
+// kIndexerHeadBlock heads, in the CPU's blocks (common/indexer_inputs.h). So its bits equal the
+// CPU handler's (not a promise of the contract: another kernel may order the sums differently).
 // Memory: q and weights read as warp-uniform broadcasts, each key row re-read from L1/L2 once
 // a head; writes [M, N] float32 once. Limits: far from the tensor-core rate (no tiling).
 #include <cuda_runtime.h>
@@ -57,13 +58,25 @@ __global__ void __launch_bounds__(kKeysPerBlock)
     }
     const Bits* key = keys + s * head_dim;
     float logit = 0.0f;
-    for (int64_t h = 0; h < heads; ++h) {
-      float dot = 0.0f;
-      for (int64_t d = 0; d < head_dim; ++d)
-        dot = __fmaf_rn(Input::Widen(q[h * head_dim + d]), Input::Widen(key[d]), dot);
-      const float scaled = scales == nullptr ? dot : __fmul_rn(dot, scales[s]);
-      const float relu = scaled < 0.0f ? 0.0f : scaled;  // NaN stays NaN, as on the CPU
-      logit = __fadd_rn(logit, __fmul_rn(weights[h], relu));
+#pragma unroll 1
+    for (int64_t first_head = 0; first_head < heads; first_head += kIndexerHeadBlock) {
+      const int64_t end_head = min(first_head + kIndexerHeadBlock, heads);
+      float head_sum = 0.0f;  // this block of heads, in order from 0
+      for (int64_t h = first_head; h < end_head; ++h) {
+        float dot = 0.0f;
+#pragma unroll 1
+        for (int64_t first = 0; first < head_dim; first += kIndexerDotBlock) {
+          const int64_t end = min(first + kIndexerDotBlock, head_dim);
+          float partial = 0.0f;  // this block of d, in order from 0
+          for (int64_t d = first; d < end; ++d)
+            partial = __fmaf_rn(Input::Widen(q[h * head_dim + d]), Input::Widen(key[d]), partial);
+          dot = first == 0 ? partial : __fadd_rn(dot, partial);
+        }
+        const float scaled = scales == nullptr ? dot : __fmul_rn(dot, scales[s]);
+        const float relu = scaled < 0.0f ? 0.0f : scaled;  // NaN stays NaN, as on the CPU
+        head_sum = __fadd_rn(head_sum, __fmul_rn(weights[h], relu));
+      }
+      logit = first_head == 0 ? head_sum : __fadd_rn(logit, head_sum);
     }
     out[s] = logit;
   }
