@@ -46,8 +46,9 @@ def indexer_logits(q, keys, weights, lengths=None, *, key_scales=None):
 
     for s < clamp(lengths[t], 0, N) (every s without lengths), -inf past it. `q` [M, H, D]
     and `keys` [N, D] are both bfloat16 or both float8_e4m3fn, `weights` float32 [M, H],
-    `key_scales` float32 [N] or None (scales of 1). Products and sums in float32, in an
-    order fixed per backend: the same bits every run.
+    `key_scales` float32 [N] or None (scales of 1); H <= 2048 and D <= 8192. Products and
+    sums in float32, in an order fixed per backend (blocks of 128 d and 64 heads): the same
+    bits every run.
     """
     q, keys, weights, key_scales, queries, _ = _inputs(LOGITS, q, keys, weights, key_scales)
     if lengths is not None:
