@@ -5,6 +5,7 @@
 #   SANITIZER_MODES  tests.checks.sanitizer modes under memcheck, beside the tests ("all": the
 #                    default mode; default: none)
 #   PROBES           benches.probes modules run after the tests (their tables printed)
+#   EXTRA_CUDA_FLAGS nvcc flags added to the build's (a kernel's probe switches: -DNAME=1)
 #   BENCH_RUNS       `python -m benches.bench` argument sets, separated by ';', each merged into
 #                    benches/results/h200.* and copied to $OUT after it (under BENCH_S each)
 # This session's calls (benches/NOTES.md "split or queue"): SANITIZER_MODES="filtered16 all"
@@ -20,7 +21,7 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 start=$(date +%s)
 python3 -m pip install -v --no-build-isolation --no-deps -e . -C build-dir=/tmp/release-build \
   -C cmake.define.JAX_TOPK_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
-  -C cmake.define.CMAKE_CUDA_FLAGS="-Xptxas=-v" >"$out/build.log" 2>&1 \
+  -C cmake.define.CMAKE_CUDA_FLAGS="-Xptxas=-v ${EXTRA_CUDA_FLAGS:-}" >"$out/build.log" 2>&1 \
   || { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(($(date +%s) - start)) s"
 tests=${TESTS-tests}

@@ -1,0 +1,187 @@
+// topk_bf16 builds timed against each other (issue 16's short bfloat16 rows; benches/NOTES.md
+// "topk_bf16: walks by every warp, a guarded second pass"): the kernel source included, from this
+// tree or from another tree put first on the include path (-I), with the switches a build sets
+// (-DJAX_TOPK_BF16_THREADS=1024), and launched directly, no JAX. Per shape: us a launch in a CUDA
+// graph of back-to-back launches on rotating inputs (more bytes than the L2 between two reads of a
+// set), and whether set 0's winners equal the host's (value descending, column ascending among
+// equal values; then ascending columns, as unsorted calls return them). Built and run by
+// bf16_rows_variants.sh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/topk_bf16.cu"
+
+// The kernels topk_bf16.cu forwards some rows to are not linked: the probe's shapes are none of
+// theirs, and the stubs refuse every row so that LaunchTopkBf16 keeps its own kernel.
+namespace jax_topk {
+bool TopkArgmaxServes(const TopkProblem&) {
+  return false;
+}
+cudaError_t LaunchTopkArgmax(const TopkProblem&, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+bool TopkF32RowsBeatsTopkBf16(const TopkProblem&) {
+  return false;
+}
+cudaError_t LaunchTopkF32Rows(const TopkProblem&, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+}  // namespace jax_topk
+
+namespace {
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    const cudaError_t error = (call);                                                    \
+    if (error != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(error)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+struct Shape {
+  int rows;
+  int width;
+  int k;
+  int length;  // every row's
+  bool sorted;
+};
+
+// us a launch: `launch(i)` captured `count` times into one graph, replayed; median of 7.
+template <class Launch>
+float GraphUs(cudaStream_t stream, int count, const Launch& launch) {
+  cudaGraph_t graph;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < count; ++i) launch(i);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int repeat = 0; repeat < 8; ++repeat) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (repeat > 0) times.push_back(ms * 1000.0f / count);
+  }
+  std::sort(times.begin(), times.end());
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  return times[times.size() / 2];
+}
+
+float Bf16ToFloat(uint16_t bits) {
+  const uint32_t wide = uint32_t{bits} << 16;
+  float value;
+  std::memcpy(&value, &wide, 4);
+  return value;
+}
+
+uint16_t FloatToBf16(float value) {  // round to nearest even (no NaN drawn)
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16);
+}
+
+}  // namespace
+
+int main() {
+  const Shape shapes[] = {
+      {1, 16384, 512, 16384, false},    {32, 16384, 512, 16384, false},
+      {128, 16384, 512, 16384, false},  {512, 16384, 512, 16384, false},
+      {2048, 16384, 512, 16384, false}, {2048, 16384, 512, 9000, false},
+      {2048, 16384, 512, 4096, false},  {128, 16384, 512, 16384, true},
+      {512, 16384, 2048, 16384, true},
+  };
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  // A pool of 256 MB of bfloat16 normals, then every 997th row constant (ties everywhere) and
+  // every 991st holding a NaN and -inf: a launch reads set i % sets, sets of one shape's rows.
+  constexpr size_t kPoolElems = size_t{128} << 20;
+  std::vector<uint16_t> host(kPoolElems);
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal;
+  for (uint16_t& bits : host) bits = FloatToBf16(normal(generator));
+  for (size_t row = 0; row * 16384 < kPoolElems; row += 997) {
+    std::fill_n(host.begin() + row * 16384, 16384, FloatToBf16(0.5f));
+  }
+  for (size_t row = 500; row * 16384 < kPoolElems; row += 991) {
+    host[row * 16384 + 7] = 0x7FC0;   // NaN
+    host[row * 16384 + 9] = 0xFF80;   // -inf
+    host[row * 16384 + 11] = 0x8000;  // -0
+  }
+  uint16_t* scores;
+  CHECK(cudaMalloc(&scores, kPoolElems * 2));
+  CHECK(cudaMemcpy(scores, host.data(), kPoolElems * 2, cudaMemcpyHostToDevice));
+  int32_t* lengths;
+  CHECK(cudaMalloc(&lengths, 2048 * sizeof(int32_t)));
+  int32_t* out;
+  CHECK(cudaMalloc(&out, size_t{2048} * 2048 * sizeof(int32_t)));
+
+  std::printf("%-34s %10s %s\n", "shape", "us/launch", "winners");
+  for (const Shape& shape : shapes) {
+    std::vector<int32_t> row_lengths(shape.rows, shape.length);
+    CHECK(cudaMemcpy(lengths, row_lengths.data(), shape.rows * sizeof(int32_t),
+                     cudaMemcpyHostToDevice));
+    const size_t set_elems = size_t{shape.rows} * shape.width;
+    const int sets = static_cast<int>(std::max<size_t>(1, kPoolElems / set_elems));
+    const auto problem_for = [&](int set) {
+      jax_topk::TopkProblem problem;
+      problem.scores = scores + set_elems * set;
+      problem.score_type = jax_topk::ScoreType::kBfloat16;
+      problem.rows = shape.rows;
+      problem.width = shape.width;
+      problem.k = shape.k;
+      problem.sorted = shape.sorted;
+      problem.lengths = lengths;
+      problem.out = out;
+      return problem;
+    };
+    // Set 0 against the host, over every row.
+    CHECK(jax_topk::LaunchTopkBf16(problem_for(0), stream));
+    CHECK(cudaStreamSynchronize(stream));
+    std::vector<int32_t> got(size_t{shape.rows} * shape.k);
+    CHECK(cudaMemcpy(got.data(), out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    int wrong_rows = 0;
+    std::vector<int32_t> order(shape.width);
+    for (int r = 0; r < shape.rows; ++r) {
+      const uint16_t* row = host.data() + size_t{r} * shape.width;
+      std::vector<int32_t> candidates;
+      for (int c = 0; c < shape.length; ++c) {
+        const float value = Bf16ToFloat(row[c]);
+        if (value == value) candidates.push_back(c);
+      }
+      const auto key = [&](int c) {  // IEEE total order of non-NaN bfloat16: -0 below +0
+        const uint16_t bits = row[c];
+        return (bits & 0x8000u) ? 0xFFFFu - bits : bits + 0x8000u;
+      };
+      const size_t take = std::min<size_t>(shape.k, candidates.size());
+      std::partial_sort(
+          candidates.begin(), candidates.begin() + take, candidates.end(),
+          [&](int a, int b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+      std::vector<int32_t> want(candidates.begin(), candidates.begin() + take);
+      if (!shape.sorted) std::sort(want.begin(), want.end());
+      want.resize(shape.k, -1);
+      wrong_rows += !std::equal(want.begin(), want.end(), got.begin() + size_t{r} * shape.k);
+    }
+    const float us = GraphUs(
+        stream, 64, [&](int i) { CHECK(jax_topk::LaunchTopkBf16(problem_for(i % sets), stream)); });
+    char name[64];
+    std::snprintf(name, sizeof(name), "%dx%d k=%d len=%d%s", shape.rows, shape.width, shape.k,
+                  shape.length, shape.sorted ? " sorted" : "");
+    std::printf("%-34s %10.2f %s\n", name, us, wrong_rows ? "WRONG" : "equal");
+    if (wrong_rows) std::printf("  %d rows differ from the host\n", wrong_rows);
+  }
+  return 0;
+}
