@@ -1,11 +1,10 @@
 // topk_bf16 builds timed against each other (issue 16's short bfloat16 rows; benches/NOTES.md
 // "topk_bf16: walks by every warp, a guarded second pass"): the kernel source included, from this
-// tree or from another tree put first on the include path (-I), with the switches a build sets
-// (-DJAX_TOPK_BF16_THREADS=1024), and launched directly, no JAX. Per shape: us a launch in a CUDA
-// graph of back-to-back launches on rotating inputs (more bytes than the L2 between two reads of a
-// set), and whether set 0's winners equal the host's (value descending, column ascending among
-// equal values; then ascending columns, as unsorted calls return them). Built and run by
-// bf16_rows_variants.sh.
+// tree or from another tree put first on the include path (-I), and launched directly, no JAX.
+// Per shape: us a launch in a CUDA graph of back-to-back launches on rotating inputs (more bytes
+// than the L2 between two reads of a set), and whether set 0's winners equal the host's (value
+// descending, column ascending among equal values; then ascending columns, as unsorted calls
+// return them) on every row. Built and run by bf16_rows_variants.sh.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -2,18 +2,21 @@
 # One device call (benches/NOTES.md "topk_bf16: walks by every warp, a guarded second pass"):
 # bf16_rows_variants.cu built once per variant, each run twice in turn (A B C A B C) so that a
 # drift of the GPU shows. Needs nvcc and the toolkit's CCCL only; changes nothing in the tree.
-#   VARIANTS="name:flags;name2:flags" (default below). A variant's flags come first, so
-#   "-I @patched" builds the kernel of this tree with bf16_walks.patch applied (in a copy under
-#   /tmp: the word @patched stands for it); the kernel's other headers come from this tree.
-#   Default: this tree's kernel, the patched one, and the patched one with 1024 threads a row.
+#   VARIANTS="name:flags;name2:flags" (default: the tree's kernel alone). A variant's flags come
+#   first, so "-I dir" builds dir/kernels/topk_bf16.cu (its other headers from this tree), and
+#   "-I @patched" the tree's kernel with the diff PATCH applied (a `git diff` of
+#   cuda/kernels/topk_bf16.cu, applied to a copy under /tmp: the word @patched stands for it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/bf16_rows_variants}
-patched=/tmp/bf16_walks_tree
-mkdir -p "$out" "$patched/kernels"
-cp cuda/kernels/topk_bf16.cu "$patched/kernels/"
-patch -s -p2 -d "$patched" <benches/probes/bf16_walks.patch || exit 1
-default="tree:;patched:-I @patched;t1024:-I @patched -DJAX_TOPK_BF16_THREADS=1024"
+patched=/tmp/bf16_rows_patched_tree
+mkdir -p "$out"
+if [[ -n ${PATCH:-} ]]; then
+  mkdir -p "$patched/kernels"
+  cp cuda/kernels/topk_bf16.cu "$patched/kernels/"
+  patch -s -p2 -d "$patched" <"$PATCH" || exit 1
+fi
+default="tree:"
 IFS=';' read -ra variants <<<"${VARIANTS:-$default}"
 flags=(-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icuda
   -Xptxas=-v)
