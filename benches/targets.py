@@ -322,7 +322,9 @@ TARGETS = [
         512,
         3.5,
         "one block a row in registers: two radix passes and a block scan, each a chain "
-        "of barriers, with nothing to overlap them",
+        "of barriers, with nothing to overlap them; every warp walking the histograms, a "
+        "guarded second pass and 1024 threads a row all lost (NOTES 'topk_bf16: walks by "
+        "every warp'): phase stamps next",
         " (topk_bf16, page 64)",
     ),
     latency_target(
@@ -335,7 +337,8 @@ TARGETS = [
         512,
         36,
         "instructions, not HBM (~12.8 K warp instructions a row): the next wave's rows "
-        "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2')",
+        "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2'), walks by "
+        "every warp added instructions (+18 %, NOTES 'topk_bf16: walks by every warp')",
         " (topk_bf16)",
     ),
     Target(
