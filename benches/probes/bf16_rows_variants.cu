@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "graph_timing.cuh"
 #include "kernels/topk_bf16.cu"
 
 // The kernels topk_bf16.cu forwards some rows to are not linked: the probe's shapes are none of
@@ -35,15 +36,6 @@ cudaError_t LaunchTopkF32Rows(const TopkProblem&, cudaStream_t) {
 
 namespace {
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    const cudaError_t error = (call);                                                    \
-    if (error != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(error)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
 struct Shape {
   int rows;
   int width;
@@ -51,34 +43,6 @@ struct Shape {
   int length;  // every row's
   bool sorted;
 };
-
-// us a launch: `launch(i)` captured `count` times into one graph, replayed; median of 7.
-template <class Launch>
-float GraphUs(cudaStream_t stream, int count, const Launch& launch) {
-  cudaGraph_t graph;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < count; ++i) launch(i);
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int repeat = 0; repeat < 8; ++repeat) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (repeat > 0) times.push_back(ms * 1000.0f / count);
-  }
-  std::sort(times.begin(), times.end());
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  return times[times.size() / 2];
-}
 
 float Bf16ToFloat(uint16_t bits) {
   const uint32_t wide = uint32_t{bits} << 16;
