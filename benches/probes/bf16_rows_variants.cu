@@ -4,7 +4,8 @@
 // Per shape: us a launch in a CUDA graph of back-to-back launches on rotating inputs (more bytes
 // than the L2 between two reads of a set), and whether set 0's winners equal the host's (value
 // descending, column ascending among equal values; then ascending columns, as unsorted calls
-// return them) on every row. Built and run by bf16_rows_variants.sh.
+// return them) on every row; built with -DJAX_TOPK_BF16_STAMPS=1, each block's phase times too
+// (PrintPhases). Built and run by bf16_rows_variants.sh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -57,6 +58,52 @@ uint16_t FloatToBf16(float value) {  // round to nearest even (no NaN drawn)
   return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16);
 }
 
+#if JAX_TOPK_BF16_STAMPS
+// The stamps build (-DJAX_TOPK_BF16_STAMPS=1): five launches on fresh sets, each alone on an idle
+// GPU, and for each phase the median over blocks and launches of its ns since the block's
+// previous stamp (a phase a row skips, as pass 2 of a row of at most k candidates, is left out
+// and its time goes to the next); "skew" is a block's entry after the launch's first block.
+template <class LaunchSet>
+void PrintPhases(cudaStream_t stream, const LaunchSet& launch_set, int sets) {
+  using jax_topk::kBlockPhases;
+  using jax_topk::kStampedBlocks;
+  static unsigned long long stamps[kStampedBlocks][kBlockPhases];
+  const char* const names[kBlockPhases] = {"skew",  "load",  "pass1", "walk1",
+                                           "pass2", "walk2", "take",  "store"};
+  std::vector<std::vector<double>> phase(kBlockPhases);
+  for (int trial = 0; trial < 5; ++trial) {
+    std::memset(stamps, 0, sizeof(stamps));
+    CHECK(cudaMemcpyToSymbol(jax_topk::g_bf16_stamps, stamps, sizeof(stamps)));
+    CHECK(cudaDeviceSynchronize());
+    launch_set((trial + 1) % sets);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpyFromSymbol(stamps, jax_topk::g_bf16_stamps, sizeof(stamps)));
+    unsigned long long first = ~0ull;
+    for (const auto& block : stamps) {
+      if (block[0] != 0) first = std::min(first, block[0]);
+    }
+    for (const auto& block : stamps) {
+      if (block[0] == 0) continue;
+      phase[0].push_back(static_cast<double>(block[0] - first));
+      unsigned long long last = block[0];
+      for (int p = 1; p < kBlockPhases; ++p) {
+        if (block[p] == 0) continue;
+        phase[p].push_back(static_cast<double>(block[p] - last));
+        last = block[p];
+      }
+    }
+  }
+  std::printf("  stamps, median ns:");
+  for (int p = 0; p < kBlockPhases; ++p) {
+    std::vector<double>& v = phase[p];
+    if (v.empty()) continue;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    std::printf(" %s %.0f", names[p], v[v.size() / 2]);
+  }
+  std::printf("\n");
+}
+#endif
+
 }  // namespace
 
 int main() {
@@ -97,7 +144,7 @@ int main() {
     std::vector<int32_t> row_lengths(shape.rows, shape.length);
     CHECK(cudaMemcpy(lengths, row_lengths.data(), shape.rows * sizeof(int32_t),
                      cudaMemcpyHostToDevice));
-    const size_t set_elems = size_t{shape.rows} * shape.width;
+    const size_t set_elems = static_cast<size_t>(shape.rows) * shape.width;
     const int sets = static_cast<int>(std::max<size_t>(1, kPoolElems / set_elems));
     const auto problem_for = [&](int set) {
       jax_topk::TopkProblem problem;
@@ -114,12 +161,11 @@ int main() {
     // Set 0 against the host, over every row.
     CHECK(jax_topk::LaunchTopkBf16(problem_for(0), stream));
     CHECK(cudaStreamSynchronize(stream));
-    std::vector<int32_t> got(size_t{shape.rows} * shape.k);
+    std::vector<int32_t> got(static_cast<size_t>(shape.rows) * shape.k);
     CHECK(cudaMemcpy(got.data(), out, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
     int wrong_rows = 0;
-    std::vector<int32_t> order(shape.width);
     for (int r = 0; r < shape.rows; ++r) {
-      const uint16_t* row = host.data() + size_t{r} * shape.width;
+      const uint16_t* row = host.data() + static_cast<size_t>(r) * shape.width;
       std::vector<int32_t> candidates;
       for (int c = 0; c < shape.length; ++c) {
         const float value = Bf16ToFloat(row[c]);
@@ -136,7 +182,8 @@ int main() {
       std::vector<int32_t> want(candidates.begin(), candidates.begin() + take);
       if (!shape.sorted) std::sort(want.begin(), want.end());
       want.resize(shape.k, -1);
-      wrong_rows += !std::equal(want.begin(), want.end(), got.begin() + size_t{r} * shape.k);
+      wrong_rows +=
+          !std::equal(want.begin(), want.end(), got.begin() + static_cast<size_t>(r) * shape.k);
     }
     const float us = GraphUs(
         stream, 64, [&](int i) { CHECK(jax_topk::LaunchTopkBf16(problem_for(i % sets), stream)); });
@@ -145,6 +192,10 @@ int main() {
                   shape.length, shape.sorted ? " sorted" : "");
     std::printf("%-34s %10.2f %s\n", name, us, wrong_rows ? "WRONG" : "equal");
     if (wrong_rows) std::printf("  %d rows differ from the host\n", wrong_rows);
+#if JAX_TOPK_BF16_STAMPS
+    PrintPhases(
+        stream, [&](int set) { CHECK(jax_topk::LaunchTopkBf16(problem_for(set), stream)); }, sets);
+#endif
   }
   return 0;
 }

@@ -2,7 +2,8 @@
 # One device call (benches/NOTES.md "topk_bf16: walks by every warp, a guarded second pass"):
 # bf16_rows_variants.cu built once per variant, each run twice in turn (A B C A B C) so that a
 # drift of the GPU shows. Needs nvcc and the toolkit's CCCL only; changes nothing in the tree.
-#   VARIANTS="name:flags;name2:flags" (default: the tree's kernel alone). A variant's flags come
+#   VARIANTS="name:flags;name2:flags" (default: the tree's kernel, and its build with phase stamps,
+#   -DJAX_TOPK_BF16_STAMPS=1, whose times carry the stamps' stores). A variant's flags come
 #   first, so "-I dir" builds dir/kernels/topk_bf16.cu (its other headers from this tree), and
 #   "-I @patched" the tree's kernel with the diff PATCH applied (a `git diff` of
 #   cuda/kernels/topk_bf16.cu, applied to a copy under /tmp: the word @patched stands for it).
@@ -16,7 +17,7 @@ if [[ -n ${PATCH:-} ]]; then
   cp cuda/kernels/topk_bf16.cu "$patched/kernels/"
   patch -s -p2 -d "$patched" <"$PATCH" || exit 1
 fi
-default="tree:"
+default="tree:;stamps:-DJAX_TOPK_BF16_STAMPS=1"
 IFS=';' read -ra variants <<<"${VARIANTS:-$default}"
 flags=(-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icuda
   -Xptxas=-v)

@@ -63,6 +63,39 @@ __device__ __forceinline__ uint32_t HighSlotsOfPair(uint32_t pair) {
 }
 constexpr int kSpillBin = kRadixBins;  // pass 2's bin for keys outside the pivot's high byte
 
+// Phase stamps for the standalone probe (benches/probes/bf16_rows_variants.cu built with
+// -DJAX_TOPK_BF16_STAMPS=1): thread 0 of each block stores the globaltimer after each phase
+// (BlockPhase). A no-op in the library.
+#ifndef JAX_TOPK_BF16_STAMPS
+#define JAX_TOPK_BF16_STAMPS 0
+#endif
+enum BlockPhase : int {
+  kEntered,      // the kernel's first instruction
+  kLoaded,       // LoadRow's barrier: the slice in registers, NaNs handled
+  kHighCounted,  // pass 1's histogram complete
+  kHighWalked,   // the high byte's bin known to every thread
+  kLowCounted,   // pass 2's histogram complete (rows of more than k candidates)
+  kLowWalked,    // the pivot known to every thread
+  kTaken,        // TakeWinners: each thread's slot
+  kStored,       // the row's k slots written
+  kBlockPhases,
+};
+#if JAX_TOPK_BF16_STAMPS
+constexpr int kStampedBlocks = 4096;
+__device__ unsigned long long g_bf16_stamps[kStampedBlocks][kBlockPhases];
+#endif
+__device__ __forceinline__ void StampPhase(BlockPhase phase) {
+#if JAX_TOPK_BF16_STAMPS
+  if (threadIdx.x == 0 && blockIdx.x < kStampedBlocks) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_bf16_stamps[blockIdx.x][phase] = ns;
+  }
+#else
+  (void)phase;
+#endif
+}
+
 // bfloat16 and float16 run one algorithm on raw bits: both are sign-magnitude, so their order is
 // OrderedKeyBf16's and the byte passes are the same. They differ in -inf, in the exponent field
 // and in the packed type whose compares TakeWinners uses.
@@ -369,6 +402,7 @@ __device__ __forceinline__ int FindHighBin(Shared& shared,
     }
   }
   __syncthreads();
+  StampPhase(kHighCounted);
   if ((threadIdx.x >> 5) == 0) {
     // Lanes 0-15 walk the positive half (raw 127 down to 0), lanes 16-31 the negative half
     // (raw 128 up to 255: larger raw bits are more negative).
@@ -377,6 +411,7 @@ __device__ __forceinline__ int FindHighBin(Shared& shared,
                 &shared.above_high_bin, &shared.candidates);
   }
   __syncthreads();
+  StampPhase(kHighWalked);
   return shared.candidates;
 }
 
@@ -418,6 +453,7 @@ __device__ __forceinline__ Pivot RefinePivot(Shared& shared,
       }
     }
     __syncthreads();
+    StampPhase(kLowCounted);
     if ((threadIdx.x >> 5) == 0) {
       // Under a positive high byte larger raw low bytes are larger values; under a negative one,
       // smaller.
@@ -427,6 +463,7 @@ __device__ __forceinline__ Pivot RefinePivot(Shared& shared,
                   &shared.above_low_bin, nullptr);
     }
     __syncthreads();
+    StampPhase(kLowWalked);
     pivot = (high_bin << 8) | static_cast<uint32_t>(shared.low_bin);
     quota = rank_in_bin - shared.above_low_bin;
   }
@@ -683,6 +720,7 @@ template <typename Scores, int kElemsPerThread, int kSortItemsPerThread, bool kW
 __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerThread>())
     TopkBf16Kernel(const TopkProblem problem, const bool may_rank_by_count) {
   __shared__ RowShared<kSortItemsPerThread, kWithValues> shared;
+  StampPhase(kEntered);
   const int64_t row = blockIdx.x;
   const int k = problem.k;
   int32_t* row_out = problem.out + row * k;
@@ -703,11 +741,14 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
   }
   RowSlice<Scores, kElemsPerThread> slice;
   LoadRow(shared, problem, row, length, slice);
+  StampPhase(kLoaded);
   const int candidates = FindHighBin(shared, slice, length, k);
   const Pivot pivot = RefinePivot(shared, slice, length, k, candidates);
   const Taken taken = TakeWinners(shared, slice, pivot);
+  StampPhase(kTaken);
   StoreWinners(shared, slice, taken, problem, row, row_out, row_values,
                candidates < k ? candidates : k, may_rank_by_count);
+  StampPhase(kStored);
 }
 
 template <typename Scores, int kElemsPerThread, int kSortItemsPerThread>
