@@ -338,7 +338,7 @@ TARGETS = [
         36,
         "instructions, not HBM (~12.8 K warp instructions a row): the next wave's rows "
         "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2'), walks by "
-        "every warp added instructions (+18 %, NOTES 'topk_bf16: walks by every warp')",
+        "every warp were 18 % slower (NOTES 'topk_bf16: walks by every warp')",
         " (topk_bf16)",
     ),
     Target(

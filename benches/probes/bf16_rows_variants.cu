@@ -1,10 +1,11 @@
 // topk_bf16 builds timed against each other (issue 16's short bfloat16 rows; benches/NOTES.md
 // "topk_bf16: walks by every warp, a guarded second pass"): the kernel source included, from this
 // tree or from another tree put first on the include path (-I), and launched directly, no JAX.
-// Per shape: us a launch in a CUDA graph of back-to-back launches on rotating inputs (more bytes
-// than the L2 between two reads of a set), and whether set 0's winners equal the host's (value
-// descending, column ascending among equal values; then ascending columns, as unsorted calls
-// return them) on every row; built with -DJAX_TOPK_BF16_STAMPS=1, each block's phase times too
+// Per shape: us a launch in a CUDA graph of back-to-back launches whose rows span 128 MB (more
+// than the L2, so every launch reads its rows from HBM), and whether set 0's winners equal the
+// host's (value descending, column ascending among equal values; then ascending columns, as
+// unsorted calls return them) on every row, special rows included (main); the exit status says
+// whether any differed; built with -DJAX_TOPK_BF16_STAMPS=1, each block's phase times too
 // (PrintPhases). Built and run by bf16_rows_variants.sh.
 #include <cuda_runtime.h>
 
@@ -112,24 +113,36 @@ int main() {
       {128, 16384, 512, 16384, false},  {512, 16384, 512, 16384, false},
       {2048, 16384, 512, 16384, false}, {2048, 16384, 512, 9000, false},
       {2048, 16384, 512, 4096, false},  {128, 16384, 512, 16384, true},
-      {512, 16384, 2048, 16384, true},
+      {512, 16384, 2048, 16384, true},  {32, 16384, 512, 300, false},
   };
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
-  // A pool of 256 MB of bfloat16 normals, then every 997th row constant (ties everywhere) and
-  // every 991st holding a NaN and -inf: a launch reads set i % sets, sets of one shape's rows.
+  // A pool of 256 MB of bfloat16 normals; a launch reads set i % sets, sets of one shape's rows.
+  // Rows 1-4 of the pool, in set 0 of every shape of more than 4 rows (the set checked against
+  // the host), are the contract's special cases: a constant row (ties everywhere), a row of
+  // negatives with +-0 and -inf among them (-0 ranks below +0), a row of NaNs but for 100 values
+  // (fewer candidates than k: -1 slots), and a row of +-0 and -inf alone. The length-300 shape
+  // gives every row fewer candidates than k.
   constexpr size_t kPoolElems = size_t{128} << 20;
+  constexpr int kWidest = 16384;
   std::vector<uint16_t> host(kPoolElems);
   std::mt19937 generator(11);
   std::normal_distribution<float> normal;
   for (uint16_t& bits : host) bits = FloatToBf16(normal(generator));
-  for (size_t row = 0; row * 16384 < kPoolElems; row += 997) {
-    std::fill_n(host.begin() + row * 16384, 16384, FloatToBf16(0.5f));
+  uint16_t* const constant_row = host.data() + 1 * kWidest;
+  uint16_t* const negative_row = host.data() + 2 * kWidest;
+  uint16_t* const nan_row = host.data() + 3 * kWidest;
+  uint16_t* const zeros_row = host.data() + 4 * kWidest;
+  for (int c = 0; c < kWidest; ++c) {
+    constant_row[c] = FloatToBf16(0.5f);
+    negative_row[c] = negative_row[c] | 0x8000;  // -|x|
+    nan_row[c] = c % 163 == 5 ? FloatToBf16(normal(generator)) : 0x7FC0;
+    zeros_row[c] = c % 3 == 0 ? 0x8000 : (c % 3 == 1 ? 0x0000 : 0xFF80);  // -0, +0, -inf
   }
-  for (size_t row = 500; row * 16384 < kPoolElems; row += 991) {
-    host[row * 16384 + 7] = 0x7FC0;   // NaN
-    host[row * 16384 + 9] = 0xFF80;   // -inf
-    host[row * 16384 + 11] = 0x8000;  // -0
+  for (int c = 3; c < kWidest; c += 1000) {
+    negative_row[c] = 0x8000;      // -0
+    negative_row[c + 1] = 0x0000;  // +0
+    negative_row[c + 2] = 0xFF80;  // -inf
   }
   uint16_t* scores;
   CHECK(cudaMalloc(&scores, kPoolElems * 2));
@@ -139,6 +152,7 @@ int main() {
   int32_t* out;
   CHECK(cudaMalloc(&out, size_t{2048} * 2048 * sizeof(int32_t)));
 
+  bool any_wrong = false;
   std::printf("%-34s %10s %s\n", "shape", "us/launch", "winners");
   for (const Shape& shape : shapes) {
     std::vector<int32_t> row_lengths(shape.rows, shape.length);
@@ -185,17 +199,24 @@ int main() {
       wrong_rows +=
           !std::equal(want.begin(), want.end(), got.begin() + static_cast<size_t>(r) * shape.k);
     }
-    const float us = GraphUs(
-        stream, 64, [&](int i) { CHECK(jax_topk::LaunchTopkBf16(problem_for(i % sets), stream)); });
+    // Enough launches that their rows span 128 MB (more than the L2) before the graph repeats:
+    // up to 4096 launches of distinct sets, or at least 64 cycling through sets of >= 64 MB.
+    const size_t set_bytes = set_elems * sizeof(uint16_t);
+    const int launches = static_cast<int>(
+        std::max<size_t>(64, std::min<size_t>(4096, (size_t{1} << 27) / set_bytes)));
+    const float us = GraphUs(stream, launches, [&](int i) {
+      CHECK(jax_topk::LaunchTopkBf16(problem_for(i % sets), stream));
+    });
     char name[64];
     std::snprintf(name, sizeof(name), "%dx%d k=%d len=%d%s", shape.rows, shape.width, shape.k,
                   shape.length, shape.sorted ? " sorted" : "");
     std::printf("%-34s %10.2f %s\n", name, us, wrong_rows ? "WRONG" : "equal");
     if (wrong_rows) std::printf("  %d rows differ from the host\n", wrong_rows);
+    any_wrong = any_wrong || wrong_rows != 0;
 #if JAX_TOPK_BF16_STAMPS
     PrintPhases(
         stream, [&](int set) { CHECK(jax_topk::LaunchTopkBf16(problem_for(set), stream)); }, sets);
 #endif
   }
-  return 0;
+  return any_wrong ? 1 : 0;
 }

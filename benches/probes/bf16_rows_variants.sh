@@ -8,9 +8,12 @@
 #   "-I @patched" the tree's kernel with the diff PATCH applied (a `git diff` of
 #   cuda/kernels/topk_bf16.cu, applied to a copy under /tmp: the word @patched stands for it).
 set -uo pipefail
+[[ -n ${PATCH:-} ]] && PATCH=$(realpath "$PATCH")
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/bf16_rows_variants}
-patched=/tmp/bf16_rows_patched_tree
+bin=$(mktemp -d /tmp/bf16_rows_bin.XXXXXX)
+patched=$(mktemp -d /tmp/bf16_rows_patched.XXXXXX)
+trap 'rm -rf "$bin" "$patched"' EXIT
 mkdir -p "$out"
 if [[ -n ${PATCH:-} ]]; then
   mkdir -p "$patched/kernels"
@@ -21,18 +24,30 @@ default="tree:;stamps:-DJAX_TOPK_BF16_STAMPS=1"
 IFS=';' read -ra variants <<<"${VARIANTS:-$default}"
 flags=(-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icuda
   -Xptxas=-v)
+pids=()
 for variant in "${variants[@]}"; do
   name=${variant%%:*}
   spec=${variant#*:}
+  [[ $name =~ ^[A-Za-z0-9_-]+$ ]] || { echo "variant name '$name': letters, digits, _ and -"; exit 1; }
+  if [[ $spec == *@patched* && -z ${PATCH:-} ]]; then
+    echo "variant $name builds @patched, but PATCH names no diff"
+    exit 1
+  fi
   read -ra extra <<<"${spec//@patched/$patched}"
-  nvcc "${extra[@]}" "${flags[@]}" benches/probes/bf16_rows_variants.cu -o "/tmp/bf16_rows_$name" \
-    >"$out/build-$name.log" 2>&1 || { tail -20 "$out/build-$name.log"; exit 1; } &
+  nvcc "${extra[@]}" "${flags[@]}" benches/probes/bf16_rows_variants.cu -o "$bin/$name" \
+    >"$out/build-$name.log" 2>&1 &
+  pids+=($!)
 done
-wait
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || { echo "build of ${variants[$i]%%:*} failed:"; tail -20 "$out/build-${variants[$i]%%:*}.log"; exit 1; }
+done
+status=0
 for round in 1 2; do
   for variant in "${variants[@]}"; do
     name=${variant%%:*}
     echo "== $name (round $round)"
-    "/tmp/bf16_rows_$name" | tee "$out/run-$name-$round.txt"
+    "$bin/$name" | tee "$out/run-$name-$round.txt"
+    [[ ${PIPESTATUS[0]} == 0 ]] || status=1  # a winner differed from the host's
   done
 done
+exit $status
