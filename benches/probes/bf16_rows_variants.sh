@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (benches/NOTES.md "topk_bf16: walks by every warp, a guarded second pass"):
 # bf16_rows_variants.cu built once per variant, each run twice in turn (A B C A B C) so that a
-# drift of the GPU shows. Needs nvcc and the toolkit's CCCL only; changes nothing in the tree.
+# drift of the GPU shows (the CPU handler's topk_cpu.cc linked in as the reference). Needs nvcc
+# and the toolkit's CCCL only; changes nothing in the tree.
 #   VARIANTS="name:flags;name2:flags" (default: the tree's kernel, and its build with phase stamps,
 #   -DJAX_TOPK_BF16_STAMPS=1, whose times carry the stamps' stores). A variant's flags come
 #   first, so "-I dir" builds dir/kernels/topk_bf16.cu (its other headers from this tree), and
@@ -34,7 +35,8 @@ for variant in "${variants[@]}"; do
     exit 1
   fi
   read -ra extra <<<"${spec//@patched/$patched}"
-  nvcc "${extra[@]}" "${flags[@]}" benches/probes/bf16_rows_variants.cu -o "$bin/$name" \
+  nvcc "${extra[@]}" "${flags[@]}" benches/probes/bf16_rows_variants.cu cuda/cpu/topk_cpu.cc \
+    -o "$bin/$name" \
     >"$out/build-$name.log" 2>&1 &
   pids+=($!)
 done
