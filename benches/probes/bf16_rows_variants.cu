@@ -5,8 +5,10 @@
 // than the L2, so every launch reads its rows from HBM), and whether set 0's winners equal the
 // CPU handler's (TopkCpu, cuda/cpu/topk_cpu.cc: the GPU tests' reference) in every slot of every
 // row, special rows included (main); the exit status says whether any differed; built with
-// -DJAX_TOPK_BF16_STAMPS=1, each block's phase times too (PrintPhases). Built and run by
-// bf16_rows_variants.sh.
+// -DJAX_TOPK_BF16_STAMPS=1, each block's phase times too (PrintPhases). Some shapes pass a page
+// table (unmapped and huge entries among its pages). ONLY_SHAPE=i runs the i-th shape alone (for
+// a profiler: `ONLY_SHAPE=4 ncu --launch-count 1 ...` profiles the 2048-row shape's first
+// launch). Built and run by bf16_rows_variants.sh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,6 +48,7 @@ struct Shape {
   int k;
   int length;  // every row's
   bool sorted;
+  int log2_page_size = -1;  // >= 0: a page table of that page size, one table row a row
 };
 
 uint16_t FloatToBf16(float value) {  // round to nearest even
@@ -102,11 +105,27 @@ void PrintPhases(cudaStream_t stream, const LaunchSet& launch_set, int sets) {
 
 int main() {
   const Shape shapes[] = {
-      {1, 16384, 512, 16384, false},    {32, 16384, 512, 16384, false},
-      {128, 16384, 512, 16384, false},  {512, 16384, 512, 16384, false},
-      {2048, 16384, 512, 16384, false}, {2048, 16384, 512, 9000, false},
-      {2048, 16384, 512, 4096, false},  {128, 16384, 512, 16384, true},
-      {512, 16384, 2048, 16384, true},  {32, 16384, 512, 300, false},
+      {1, 16384, 512, 16384, false},
+      {32, 16384, 512, 16384, false},
+      {128, 16384, 512, 16384, false},
+      {512, 16384, 512, 16384, false},
+      {2048, 16384, 512, 16384, false},
+      {2048, 16384, 512, 9000, false},
+      {2048, 16384, 512, 4096, false},
+      {128, 16384, 512, 16384, true},
+      {512, 16384, 2048, 16384, true},
+      {32, 16384, 512, 300, false},
+      // Paged (the bench's decode rows: page 64; 256 entries a row), sorted by counts and by
+      // the radix sort too, and pages of 16 (1024 entries a row); rows shorter than the width
+      // that keep the width's slice size (16000, 12345) or not (2000, 300): the cases of
+      // benches/NOTES.md "topk_bf16: loads before the length, page tables in shared memory".
+      {1, 16384, 512, 16384, false, 6},
+      {128, 16384, 512, 16384, false, 6},
+      {128, 16384, 512, 16384, true, 6},
+      {64, 16384, 2048, 16000, true, 6},
+      {32, 16384, 512, 12345, false, 4},
+      {32, 16384, 512, 16000, false},
+      {128, 16384, 512, 2000, false},
   };
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
@@ -144,10 +163,25 @@ int main() {
   CHECK(cudaMalloc(&lengths, 2048 * sizeof(int32_t)));
   int32_t* out;
   CHECK(cudaMalloc(&out, size_t{2048} * 2048 * sizeof(int32_t)));
+  // Page tables: up to 2048 rows of 16384 / 16 + 1 entries, mostly distinct pages, with
+  // unmapped (-1) and huge entries among them; a paged shape uses the first rows * pages.
+  constexpr int kMostPages = kWidest / 16 + 1;
+  std::vector<int32_t> host_table(size_t{2048} * kMostPages);
+  for (size_t i = 0; i < host_table.size(); ++i) {
+    host_table[i] =
+        i % 97 == 3 ? -1 : (i % 89 == 7 ? 0x7FFFFFF : static_cast<int32_t>(i * 7 % 100003));
+  }
+  int32_t* table;
+  CHECK(cudaMalloc(&table, host_table.size() * sizeof(int32_t)));
+  CHECK(cudaMemcpy(table, host_table.data(), host_table.size() * sizeof(int32_t),
+                   cudaMemcpyHostToDevice));
 
+  // ONLY_SHAPE=i runs the i-th shape alone (so that a profiler's first launch is that shape's).
+  const char* const only_shape = std::getenv("ONLY_SHAPE");
   bool any_wrong = false;
-  std::printf("%-34s %10s %s\n", "shape", "us/launch", "winners");
+  std::printf("%-44s %10s %s\n", "shape", "us/launch", "winners");
   for (const Shape& shape : shapes) {
+    if (only_shape != nullptr && &shape - shapes != std::atoi(only_shape)) continue;
     std::vector<int32_t> row_lengths(shape.rows, shape.length);
     CHECK(cudaMemcpy(lengths, row_lengths.data(), shape.rows * sizeof(int32_t),
                      cudaMemcpyHostToDevice));
@@ -163,6 +197,12 @@ int main() {
       problem.sorted = shape.sorted;
       problem.lengths = lengths;
       problem.out = out;
+      if (shape.log2_page_size >= 0) {
+        problem.page_table = table;
+        problem.log2_page_size = shape.log2_page_size;
+        problem.pages = (shape.width >> shape.log2_page_size) + 1;
+        problem.table_count = shape.rows;
+      }
       return problem;
     };
     // Set 0 against the CPU handler's algorithm (the reference of the GPU tests), every slot.
@@ -175,6 +215,7 @@ int main() {
     reference.scores = host.data();
     reference.lengths = row_lengths.data();
     reference.out = want.data();
+    if (shape.log2_page_size >= 0) reference.page_table = host_table.data();
     jax_topk::TopkCpu(reference, [](std::function<void()> task) { task(); }, 0);
     int wrong_rows = 0;
     for (int r = 0; r < shape.rows; ++r) {
@@ -191,9 +232,12 @@ int main() {
       CHECK(jax_topk::LaunchTopkBf16(problem_for(i % sets), stream));
     });
     char name[64];
-    std::snprintf(name, sizeof(name), "%dx%d k=%d len=%d%s", shape.rows, shape.width, shape.k,
-                  shape.length, shape.sorted ? " sorted" : "");
-    std::printf("%-34s %10.2f %s\n", name, us, wrong_rows ? "WRONG" : "equal");
+    char page[16] = "";
+    if (shape.log2_page_size >= 0)
+      std::snprintf(page, sizeof(page), " page=%d", 1 << shape.log2_page_size);
+    std::snprintf(name, sizeof(name), "%dx%d k=%d len=%d%s%s", shape.rows, shape.width, shape.k,
+                  shape.length, shape.sorted ? " sorted" : "", page);
+    std::printf("%-44s %10.2f %s\n", name, us, wrong_rows ? "WRONG" : "equal");
     if (wrong_rows) std::printf("  %d rows differ from the host\n", wrong_rows);
     any_wrong = any_wrong || wrong_rows != 0;
 #if JAX_TOPK_BF16_STAMPS
