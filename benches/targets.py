@@ -324,7 +324,7 @@ TARGETS = [
         "one SM runs the row's ~12 K warp instructions at IPC ~1.25 (phases of 0.4-0.7 us "
         "after a 1.4 us load); loads before the length and the page table in shared "
         "memory were slower (NOTES 'topk_bf16: loads before the length'), as were walks "
-        "by every warp and 1024 threads: the row's passes spread over a cluster of SMs",
+        "by every warp and 1024 threads; next: the row's passes spread over a cluster of SMs",
         " (topk_bf16, page 64)",
     ),
     latency_target(
@@ -336,7 +336,7 @@ TARGETS = [
         16384,
         512,
         36,
-        "instructions, not HBM (~12.8 K warp instructions a row): the next wave's rows "
+        "instructions, not HBM (~12.2 K warp instructions a row): the next wave's rows "
         "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2'), walks by "
         "every warp were 18 % slower (NOTES 'topk_bf16: walks by every warp'); IPC 2.36, "
         "barrier stalls 25 % (NOTES 'topk_bf16: loads before the length')",

@@ -115,8 +115,8 @@ int main() {
       {128, 16384, 512, 16384, true},
       {512, 16384, 2048, 16384, true},
       {32, 16384, 512, 300, false},
-      // Paged (the bench's decode rows: page 64; 256 entries a row), sorted by counts and by
-      // the radix sort too, and pages of 16 (1024 entries a row); rows shorter than the width
+      // Paged (the bench's decode rows: page 64; 256 entries a row used), sorted by counts and
+      // by the radix sort too, and pages of 16 (1024 entries used); rows shorter than the width
       // that keep the width's slice size (16000, 12345) or not (2000, 300): the cases of
       // benches/NOTES.md "topk_bf16: loads before the length, page tables in shared memory".
       {1, 16384, 512, 16384, false, 6},
@@ -178,6 +178,15 @@ int main() {
 
   // ONLY_SHAPE=i runs the i-th shape alone (so that a profiler's first launch is that shape's).
   const char* const only_shape = std::getenv("ONLY_SHAPE");
+  const int shape_count = static_cast<int>(sizeof(shapes) / sizeof(shapes[0]));
+  if (only_shape != nullptr) {
+    char* end = nullptr;
+    const long index = std::strtol(only_shape, &end, 10);
+    if (*only_shape == '\0' || *end != '\0' || index < 0 || index >= shape_count) {
+      std::fprintf(stderr, "ONLY_SHAPE=%s: a shape index, 0 to %d\n", only_shape, shape_count - 1);
+      return 2;
+    }
+  }
   bool any_wrong = false;
   std::printf("%-44s %10s %s\n", "shape", "us/launch", "winners");
   for (const Shape& shape : shapes) {
