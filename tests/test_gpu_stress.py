@@ -45,6 +45,39 @@ def test_bf16_families(n, k):
             assert_same_on_both("topk_bf16", scores, lengths, k=k, sorted=sorted_)
 
 
+@pytest.mark.parametrize(
+    "n, page_size",
+    # Page-table entries a row: none, 193, 512, 513 and 1024 (the experiment of benches/NOTES.md
+    # "topk_bf16: loads before the length, page tables in shared memory" staged <= 512).
+    [(16384, None), (12345, 64), (16384, 32), (4097, 8), (16384, 16), (513, 1)],
+)
+def test_bf16_few_rows_with_page_tables(n, page_size):
+    """topk_bf16 on launches of 110 and 133 rows (one block a row; 110 holds every value family
+    and fewer rows than an H100/H200 has SMs, 133 more) against the CPU: lengths at 0, 1,
+    k - 1, k, k + 1 (k = 64, 512, 2048), n and past it, and ones that keep the slice size the
+    width gives a thread or change it (n = 16384, 12345; n = 4097 changes only, 513 keeps only),
+    page tables of 193 to 1024 entries a row with unmapped pages, table rows clamped, both
+    orders; on unpaged rows top_k's values bit for bit."""
+    rng = np.random.default_rng(n + (page_size or 0))
+    for rows in (110, 133):
+        scores = short_rows_of_every_family(rng, rows, n, "bfloat16")
+        lengths = families.edge_lengths(512, n, rows, rng)
+        lengths[12:22] = [n - 1, n - 300, n // 2 + 1, 7, 63, 64, 65, 2047, 2048, 2049]
+        paging = {}
+        if page_size is not None:
+            pages = -(-n // page_size)
+            table = np.stack([rng.permutation(4 * pages)[:pages] for _ in range(7)])
+            table[:, 3] = -1  # unmapped
+            table_rows = rng.integers(-3, 10, size=rows).astype(np.int32)  # clamped into 0..6
+            paging = dict(
+                page_table=table.astype(np.int32), page_size=page_size, table_rows=table_rows
+            )
+        for k, sorted_ in ((512, False), (512, True), (2048, True), (64, False)):
+            assert_same_on_both("topk_bf16", scores, lengths, k=k, sorted=sorted_, **paging)
+        if page_size is None:
+            assert_top_k_same_bits(scores, 512, lengths, True)
+
+
 def winners_spanning(rng, rows, n, k, spans, dtype):
     """16-bit rows whose k winners' ordered keys span exactly `span` + 1 consecutive keys (its
     row's), with ties across the span, at its ends and at the k-th key (more copies of the
