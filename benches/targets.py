@@ -339,7 +339,8 @@ TARGETS = [
         "instructions, not HBM (~12.2 K warp instructions a row): the next wave's rows "
         "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2'), walks by "
         "every warp were 18 % slower (NOTES 'topk_bf16: walks by every warp'); IPC 2.36, "
-        "barrier stalls 25 % (NOTES 'topk_bf16: loads before the length')",
+        "barrier stalls 25 % (NOTES 'topk_bf16: loads before the length'); pass 2's two "
+        "mins in one took 3.2 % off on an H100, not yet timed here (NOTES 'pass 2's two mins')",
         " (topk_bf16)",
     ),
     Target(
