@@ -441,8 +441,9 @@ __device__ __forceinline__ Pivot RefinePivot(Shared& shared,
     // XOR with the pivot's high byte in both halves zeroes the high byte of exactly the values
     // under it, so min(half, kSpillBin) is their low byte and sends every other value to the
     // spill bin, both halves in one 16x2 min; one shift makes both byte offsets (a half stays
-    // <= 4 * kSpillBin, inside its 16 bits); no branch. (2-3 % faster at 512-2048 rows than a
-    // min and an index a half: benches/NOTES.md "topk_bf16: pass 2's two mins in one".)
+    // <= 4 * kSpillBin, inside its 16 bits); no branch. (2.7-3.2 % faster at 512-2048 rows on an
+    // H100 than a min and an index a half: benches/NOTES.md "topk_bf16: pass 2's two mins in
+    // one".)
     const uint32_t high_bin_pattern = (high_bin << 24) | (high_bin << 8);
     char* const low_bytes = reinterpret_cast<char*>(low_histogram);
     if (slice.first_column < length) {
