@@ -28,6 +28,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
+#include "kernels/global_timer.cuh"
 #include "kernels/set_bits.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
@@ -87,9 +88,7 @@ __device__ unsigned long long g_bf16_stamps[kStampedBlocks][kBlockPhases];
 __device__ __forceinline__ void StampPhase(BlockPhase phase) {
 #if JAX_TOPK_BF16_STAMPS
   if (threadIdx.x == 0 && blockIdx.x < kStampedBlocks) {
-    unsigned long long ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    g_bf16_stamps[blockIdx.x][phase] = ns;
+    g_bf16_stamps[blockIdx.x][phase] = GlobalTimerNs();
   }
 #else
   (void)phase;

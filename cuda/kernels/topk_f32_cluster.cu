@@ -39,6 +39,7 @@
 #include "kernels/cluster_launch.cuh"
 #include "kernels/cluster_push.cuh"
 #include "kernels/f32_rows/register_row.cuh"
+#include "kernels/global_timer.cuh"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_scan.cuh"
 
@@ -88,11 +89,6 @@ struct DigitFound {
 #if JAX_TOPK_F32_CLUSTER_STAMPS
 constexpr int kStampSlots = 24;
 __device__ unsigned long long g_cluster_stamps[1024][kStampSlots];
-__device__ __forceinline__ unsigned long long GlobalTimerNs() {
-  unsigned long long ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
 #endif
 __device__ __forceinline__ void Stamp(int slot) {
 #if JAX_TOPK_F32_CLUSTER_STAMPS

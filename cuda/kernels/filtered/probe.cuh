@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "kernels/filtered/layout.cuh"
+#include "kernels/global_timer.cuh"
 
 namespace jax_topk {
 namespace {
@@ -64,12 +65,6 @@ enum ProbeCounter : int {
 __device__ unsigned long long g_probe_ns[kProbePhases];
 __device__ unsigned long long g_probe_counts[kProbeCounters];
 __device__ unsigned int g_probe_blocks_done;
-
-__device__ __forceinline__ unsigned long long GlobalNs() {
-  unsigned long long ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
 #endif
 
 // Whether the launch asked for `flag` (always false outside the probe build).
@@ -88,7 +83,7 @@ __device__ __forceinline__ void ProbeStart(SharedStorage& s, int flags) {
 #if JAX_TOPK_FILTERED_PROBE
   if (threadIdx.x == 0) {
     s.probe = flags;
-    s.probe_last = GlobalNs();
+    s.probe_last = GlobalTimerNs();
   }
 #else
   (void)s;
@@ -100,7 +95,7 @@ __device__ __forceinline__ void ProbeStart(SharedStorage& s, int flags) {
 __device__ __forceinline__ void ProbeStamp(SharedStorage& s, ProbePhase phase) {
 #if JAX_TOPK_FILTERED_PROBE
   if (threadIdx.x == 0 && (s.probe & kProbeStamps)) {
-    const unsigned long long now = GlobalNs();
+    const unsigned long long now = GlobalTimerNs();
     atomicAdd(&g_probe_ns[phase], now - s.probe_last);
     s.probe_last = now;
   }
