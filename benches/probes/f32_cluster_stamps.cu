@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
       {"1x32768 k=2048", 1, 32768, 2048, false, false},
       {"4x32768 k=2048", 4, 32768, 2048, false, false},
       {"1x16384 k=2048", 1, 16384, 2048, false, false},
+      {"1x65536 k=2048", 1, 65536, 2048, false, false},
       {"1x131072 k=2048", 1, 131072, 2048, false, false},
+      {"top_k 1x32768 k=256", 1, 32768, 256, true, true},
       {"top_k 1x152064 k=50", 1, 152064, 50, true, true},
       {"1x152064 k=256", 1, 152064, 256, false, false},
   };

@@ -519,9 +519,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   RowKeys<kElems> keys;
   const auto* const row_scores =
       static_cast<const typename Scores::Storage*>(problem.scores) + row * problem.width;
-  LoadRow<Scores>(row_scores, begin + static_cast<int>(threadIdx.x) * kElems,
-                  min(static_cast<int>(problem.width), begin + slice), keys);
-  for (int i = threadIdx.x; i < kDigits * kDigitBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+  const int first_column = begin + static_cast<int>(threadIdx.x) * kElems;
+  const int slice_end = min(static_cast<int>(problem.width), begin + slice);
+  const auto zero_histograms = [&] {
+    for (int i = threadIdx.x; i < kDigits * kDigitBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+  };
+  // Below 16 keys a thread the histograms are zeroed, and their barrier passed, while the loads
+  // are in flight (-0.13 to -0.20 us at 4 keys a thread on an H100); from 16 the keys are made
+  // first, where the conversions overlap the zeroing (the same split cost 0.2-0.35 us there:
+  // benches/NOTES.md "topk_f32_cluster: the histograms zeroed behind the loads").
+  constexpr bool kZeroBehindLoads = kElems < 16;
+  if constexpr (kZeroBehindLoads) {
+    LoadedSlice<Scores, kElems> loaded;
+    IssueRowLoads<Scores>(row_scores, first_column, slice_end, loaded);
+    zero_histograms();
+    __syncthreads();  // the histograms are zero
+    MakeRowKeys(loaded, keys);
+  } else {
+    LoadRow<Scores>(row_scores, first_column, slice_end, keys);
+    zero_histograms();
+  }
   WarpStamp(kKeysMade);
 #if JAX_TOPK_F32_CLUSTER_STAMPS
   {  // the stamps build only: wait here for every key, to time the loads alone
@@ -533,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
   WarpStamp(kKeysLanded);
   DropPastLength(keys, static_cast<int>(ClampLength(given_length, problem.width)));
-  __syncthreads();  // the histograms are zero
+  if constexpr (!kZeroBehindLoads) __syncthreads();  // the histograms are zero
   Stamp(1);
 
   int valid = 0;

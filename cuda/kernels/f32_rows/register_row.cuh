@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cub/block/block_radix_sort.cuh>
 
@@ -137,6 +138,86 @@ __device__ __forceinline__ void LoadRow(const typename Scores::Storage* row_scor
 #pragma unroll
     for (int i = 0; i < kElems; ++i) {
       row.key[i] = first_column + i < end ? KeyOf<Scores>(values[i]) : 0u;
+    }
+  }
+}
+
+// LoadRow in two steps, for a barrier between the loads and the keys (topk_f32_cluster below 16
+// keys a thread): IssueRowLoads leaves the loads in flight here, MakeRowKeys waits for them.
+// LoadRow itself stays one function: written as these two, it compiled to an extra branch
+// chain that cost topk_f32_rows up to 1.9 us a call and the 16- and 24-key cluster kernels
+// 0.1-0.2 us (benches/NOTES.md "topk_f32_cluster: the histograms zeroed behind the loads").
+// Only the taken branch's registers are live (whole 16-byte chunks, or single elements).
+template <class Scores, int kElems>
+struct LoadedSlice {
+  static constexpr int kChunk = Scores::kChunkElems;
+  static_assert(kElems % kChunk == 0, "whole 16-byte chunks");
+  using Chunk = std::conditional_t<kChunk == 4, float4, uint4>;
+  Chunk chunks[kElems / kChunk];
+  typename Scores::Storage elements[kElems];
+  int first_column;
+  int end;
+  bool aligned;  // the row is 16-byte aligned
+};
+
+// Issues the loads of columns [first_column, first_column + kElems) of a row, all before any is
+// used, so they are in flight at once (a load under a branch would wait for the one before it):
+// whole 16-byte loads where the row is 16-byte aligned and the slice lies before `end`, else
+// scalar loads of clamped columns. first_column is a multiple of Scores::kChunkElems.
+template <class Scores, int kElems>
+__device__ __forceinline__ void IssueRowLoads(const typename Scores::Storage* row_scores,
+                                              int first_column, int end,
+                                              LoadedSlice<Scores, kElems>& slice) {
+  using Chunk = typename LoadedSlice<Scores, kElems>::Chunk;
+  slice.first_column = first_column;
+  slice.end = end;
+  slice.aligned = reinterpret_cast<uintptr_t>(row_scores) % 16 == 0;
+  if (first_column >= end) {
+    // no loads: MakeRowKeys makes zeros
+  } else if (slice.aligned && first_column + kElems <= end) {
+#pragma unroll
+    for (int v = 0; v < kElems / slice.kChunk; ++v) {
+      slice.chunks[v] = __ldg(reinterpret_cast<const Chunk*>(row_scores + first_column) + v);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) {
+      slice.elements[i] = __ldg(row_scores + min(first_column + i, end - 1));
+    }
+  }
+}
+
+// The keys of an issued slice (this waits for its loads), keys at or past `end` 0.
+template <class Scores, int kElems>
+__device__ __forceinline__ void MakeRowKeys(const LoadedSlice<Scores, kElems>& slice,
+                                            RowKeys<kElems>& row) {
+  const int first_column = slice.first_column;
+  row.first_column = first_column;
+  if (first_column >= slice.end) {
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) row.key[i] = 0;
+  } else if (slice.aligned && first_column + kElems <= slice.end) {
+#pragma unroll
+    for (int v = 0; v < kElems / slice.kChunk; ++v) {
+      if constexpr (slice.kChunk == 4) {
+        row.key[4 * v] = KeyOf<Scores>(slice.chunks[v].x);
+        row.key[4 * v + 1] = KeyOf<Scores>(slice.chunks[v].y);
+        row.key[4 * v + 2] = KeyOf<Scores>(slice.chunks[v].z);
+        row.key[4 * v + 3] = KeyOf<Scores>(slice.chunks[v].w);
+      } else {  // 8 16-bit elements a chunk, the lower column in a word's low half
+        const uint32_t words[4] = {slice.chunks[v].x, slice.chunks[v].y, slice.chunks[v].z,
+                                   slice.chunks[v].w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          row.key[8 * v + 2 * w] = KeyOf<Scores>(static_cast<unsigned short>(words[w] & 0xFFFFu));
+          row.key[8 * v + 2 * w + 1] = KeyOf<Scores>(static_cast<unsigned short>(words[w] >> 16));
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) {
+      row.key[i] = first_column + i < slice.end ? KeyOf<Scores>(slice.elements[i]) : 0u;
     }
   }
 }
