@@ -147,6 +147,11 @@ FEW_ROWS_LEAD = (
     "or a cluster exchange; NOTES 'topk_f32_cluster' sections list the tries that lost"
 )
 
+ZEROED_BEHIND_LOADS = (
+    "; the histograms zeroed behind the row's loads took 0.11 / 0.18 us off 1 / 4 x 32768 on an "
+    "H100, not yet timed here (NOTES 'the histograms zeroed behind the loads')"
+)
+
 VOCABULARY = 152064  # issue 13's sampling rows: [B, 152064], k = 50
 
 
@@ -302,8 +307,8 @@ TARGETS = [
         "~0.98x: native e4m3 wgmma's accumulation breaks SPEC section 9's bound, so fp8 is "
         "widened to bf16",
     ),
-    latency_target("float32", 1, 32768, 2048, 6, FEW_ROWS_LEAD),
-    latency_target("float32", 4, 32768, 2048, 6, FEW_ROWS_LEAD),
+    latency_target("float32", 1, 32768, 2048, 6, FEW_ROWS_LEAD + ZEROED_BEHIND_LOADS),
+    latency_target("float32", 4, 32768, 2048, 6, FEW_ROWS_LEAD + ZEROED_BEHIND_LOADS),
     latency_target("float32", 1, 131072, 2048, 7, FEW_ROWS_LEAD),
     latency_target("float32", 32, 131072, 2048, 11, FEW_ROWS_LEAD),
     latency_target(
