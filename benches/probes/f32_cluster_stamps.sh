@@ -6,6 +6,9 @@
 #   VARIANTS="name:-DFLAG=1 -DOTHER=2;name2:..." (default: one variant, the library's build)
 #   (a variant's flags come first, so "base:-I/tmp/base/cuda" builds another tree's kernel; a
 #   header missing from that tree falls back to this one's, silently)
+#   ROUNDS=n  after that, the clean binaries n more times each, in the order A B .. B A per
+#   round (a drift of the GPU hits every variant alike), and a table of the median and range of
+#   each shape's us a launch by variant (rounds.md); the comparisons of 2026-12-06 used ROUNDS=4
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/f32_cluster_stamps}
@@ -29,6 +32,41 @@ for variant in "${variants[@]}"; do
   echo "== $name: stamps"
   "/tmp/f32_stamps_${name}_1" | tee "$out/stamps-$name.txt"
 done
+if [[ ${ROUNDS:-0} -gt 0 ]]; then
+  names=()
+  for variant in "${variants[@]}"; do names+=("${variant%%:*}"); done
+  order=("${names[@]}")
+  for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
+  for ((round = 0; round < ROUNDS; round++)); do
+    for name in "${order[@]}"; do
+      "/tmp/f32_stamps_${name}_0" | grep -v "^empty" >>"$out/rounds-$name.txt"
+    done
+  done
+  python3 - "$out" "${names[@]}" <<'PY' | tee "$out/rounds.md"
+import collections, statistics, sys
+out, names = sys.argv[1], sys.argv[2:]
+table = collections.defaultdict(dict)  # shape -> variant -> us a launch, every run
+wrong = set()
+for name in names:
+    for line in open(f"{out}/rounds-{name}.txt"):
+        fields = line[22:].split()
+        if line.startswith("shape") or not fields:
+            continue
+        table[line[:22].strip()].setdefault(name, []).append(float(fields[0]))
+        if "WRONG" in line:
+            wrong.add(name)
+print("us a launch in a graph: median (min-max) over the rounds")
+print("| shape | " + " | ".join(names) + " |")
+print("| --- |" + " --- |" * len(names))
+for shape, by_name in table.items():
+    cells = []
+    for name in names:
+        runs = by_name.get(name, [])
+        cells.append(f"{statistics.median(runs):.2f} ({min(runs):.2f}-{max(runs):.2f})" if runs else "-")
+    print(f"| {shape} | " + " | ".join(cells) + " |")
+print("variants with a WRONG row:", ", ".join(sorted(wrong)) or "none")
+PY
+fi
 [ "${NCU:-1}" = 0 ] && exit 0
 first=${variants[0]%%:*}
 echo "== ncu durations ($first)"
