@@ -62,7 +62,8 @@ for shape, by_name in table.items():
     cells = []
     for name in names:
         runs = by_name.get(name, [])
-        cells.append(f"{statistics.median(runs):.2f} ({min(runs):.2f}-{max(runs):.2f})" if runs else "-")
+        spread = f"({min(runs):.2f}-{max(runs):.2f})" if runs else ""
+        cells.append(f"{statistics.median(runs):.2f} {spread}" if runs else "-")
     print(f"| {shape} | " + " | ".join(cells) + " |")
 print("variants with a WRONG row:", ", ".join(sorted(wrong)) or "none")
 PY
