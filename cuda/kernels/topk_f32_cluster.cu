@@ -101,7 +101,8 @@ __device__ __forceinline__ void Stamp(int slot) {
 // Each warp's own stamps (lane 0's globaltimer) where a warp finishes a loop over its keys,
 // before the barrier that follows: how long the loop took that warp, not the slowest one.
 enum WarpStampSlot : int {
-  kKeysMade,    // LoadRow makes keys of the loaded values: this waits for the loads already
+  kKeysMade,    // the keys made of the loaded values (this waits for the loads already; below
+                //   16 keys a thread after the zeroed histograms' barrier)
   kKeysLanded,  // the stamps build waits here for every key, to be sure
   kFirstHistogramLooped,
   kSecondHistogramLooped,
@@ -525,15 +526,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = threadIdx.x; i < kDigits * kDigitBins; i += kThreads) (&s.hist[0][0])[i] = 0;
   };
   // Below 16 keys a thread the histograms are zeroed, and their barrier passed, while the loads
-  // are in flight (-0.13 to -0.20 us at 4 keys a thread on an H100); from 16 the keys are made
-  // first, where the conversions overlap the zeroing (the same split cost 0.2-0.35 us there:
-  // benches/NOTES.md "topk_f32_cluster: the histograms zeroed behind the loads").
+  // are in flight (-0.11 to -0.18 us at 4 keys a thread, -0.13 at 8, on an H100: benches/NOTES.md
+  // "topk_f32_cluster: the histograms zeroed behind the loads"); from 16 the keys are made first,
+  // where the conversions overlap the zeroing (the split cost 0.2-0.35 us there: NOTES "Set-bit
+  // loops", its last paragraphs).
   constexpr bool kZeroBehindLoads = kElems < 16;
   if constexpr (kZeroBehindLoads) {
     LoadedSlice<Scores, kElems> loaded;
     IssueRowLoads<Scores>(row_scores, first_column, slice_end, loaded);
     zero_histograms();
     __syncthreads();  // the histograms are zero
+    Stamp(1);
     MakeRowKeys(loaded, keys);
   } else {
     LoadRow<Scores>(row_scores, first_column, slice_end, keys);
@@ -550,8 +553,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
   WarpStamp(kKeysLanded);
   DropPastLength(keys, static_cast<int>(ClampLength(given_length, problem.width)));
-  if constexpr (!kZeroBehindLoads) __syncthreads();  // the histograms are zero
-  Stamp(1);
+  if constexpr (!kZeroBehindLoads) {
+    __syncthreads();  // the histograms are zero
+    Stamp(1);
+  }
 
   int valid = 0;
   int block_first_slot = 0;

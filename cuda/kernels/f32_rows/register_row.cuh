@@ -1,6 +1,7 @@
-// The pieces the two register kernels share: topk_f32_rows.cu (a block a row: float32, and 16-bit
-// rows in its many-rows block) and topk_f32_cluster.cu (a thread block cluster a row of float32,
-// bfloat16 or float16). Both hold a thread's contiguous columns as float32 ordered keys in
+// The pieces the two register kernels share (and a few only topk_f32_cluster.cu uses: the
+// two-step load, DropPastLength): topk_f32_rows.cu (a block a row: float32, and 16-bit rows in its
+// many-rows block) and topk_f32_cluster.cu (a thread block cluster a row of float32, bfloat16 or
+// float16). Both hold a thread's contiguous columns as float32 ordered keys in
 // registers (16-bit values widened exactly, kernels/widen_exact.cuh), find the k-th key by
 // 11+11+10-bit radix digits, and take the winners by (greater, equal) masks against it, ties to
 // the lowest columns.
@@ -146,8 +147,10 @@ __device__ __forceinline__ void LoadRow(const typename Scores::Storage* row_scor
 // keys a thread): IssueRowLoads leaves the loads in flight here, MakeRowKeys waits for them.
 // LoadRow itself stays one function: written as these two, it compiled to an extra branch
 // chain that cost topk_f32_rows up to 1.9 us a call and the 16- and 24-key cluster kernels
-// 0.1-0.2 us (benches/NOTES.md "topk_f32_cluster: the histograms zeroed behind the loads").
-// Only the taken branch's registers are live (whole 16-byte chunks, or single elements).
+// 0.1-0.2 us (benches/NOTES.md "topk_f32_cluster: the histograms zeroed behind the loads"), so
+// the two paths are written twice: keep them in step (tests/test_f32_cluster.py checks both
+// against the CPU). Only the taken branch's registers are written (whole 16-byte chunks, or
+// single elements).
 template <class Scores, int kElems>
 struct LoadedSlice {
   static constexpr int kChunk = Scores::kChunkElems;
@@ -176,7 +179,7 @@ __device__ __forceinline__ void IssueRowLoads(const typename Scores::Storage* ro
     // no loads: MakeRowKeys makes zeros
   } else if (slice.aligned && first_column + kElems <= end) {
 #pragma unroll
-    for (int v = 0; v < kElems / slice.kChunk; ++v) {
+    for (int v = 0; v < kElems / Scores::kChunkElems; ++v) {
       slice.chunks[v] = __ldg(reinterpret_cast<const Chunk*>(row_scores + first_column) + v);
     }
   } else {
@@ -198,8 +201,8 @@ __device__ __forceinline__ void MakeRowKeys(const LoadedSlice<Scores, kElems>& s
     for (int i = 0; i < kElems; ++i) row.key[i] = 0;
   } else if (slice.aligned && first_column + kElems <= slice.end) {
 #pragma unroll
-    for (int v = 0; v < kElems / slice.kChunk; ++v) {
-      if constexpr (slice.kChunk == 4) {
+    for (int v = 0; v < kElems / Scores::kChunkElems; ++v) {
+      if constexpr (Scores::kChunkElems == 4) {
         row.key[4 * v] = KeyOf<Scores>(slice.chunks[v].x);
         row.key[4 * v + 1] = KeyOf<Scores>(slice.chunks[v].y);
         row.key[4 * v + 2] = KeyOf<Scores>(slice.chunks[v].z);
