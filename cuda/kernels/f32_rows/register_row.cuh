@@ -87,6 +87,25 @@ __device__ __forceinline__ uint32_t KeyOf(typename Scores::Storage element) {
   return KeyOfBits(Scores::Widen(element));
 }
 
+// The keys of chunk v of a slice, one 16-byte load: 4 float32 values, or 8 16-bit ones with the
+// lower column in a word's low half.
+template <class Scores, class Chunk, int kElems>
+__device__ __forceinline__ void ChunkKeys(const Chunk& chunk, int v, RowKeys<kElems>& row) {
+  if constexpr (Scores::kChunkElems == 4) {
+    row.key[4 * v] = KeyOf<Scores>(chunk.x);
+    row.key[4 * v + 1] = KeyOf<Scores>(chunk.y);
+    row.key[4 * v + 2] = KeyOf<Scores>(chunk.z);
+    row.key[4 * v + 3] = KeyOf<Scores>(chunk.w);
+  } else {
+    const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      row.key[8 * v + 2 * w] = KeyOf<Scores>(static_cast<unsigned short>(words[w] & 0xFFFFu));
+      row.key[8 * v + 2 * w + 1] = KeyOf<Scores>(static_cast<unsigned short>(words[w] >> 16));
+    }
+  }
+}
+
 // Loads columns [first_column, first_column + kElems) of a row, keys at or past `end` 0.
 // first_column is a multiple of Scores::kChunkElems. Every load is issued before any key is made,
 // so they are all in flight at once (a load under a branch would wait for the one before it):
@@ -109,6 +128,8 @@ __device__ __forceinline__ void LoadRow(const typename Scores::Storage* row_scor
       for (int v = 0; v < kElems / 4; ++v) {
         four[v] = __ldg(reinterpret_cast<const float4*>(row_scores + first_column) + v);
       }
+      // ChunkKeys written out: called here, one topk_f32_rows instance's PTX came out in another
+      // order (not timed), so this stays the code that was measured.
 #pragma unroll
       for (int v = 0; v < kElems / 4; ++v) {
         row.key[4 * v] = KeyOf<Scores>(four[v].x);
@@ -116,21 +137,14 @@ __device__ __forceinline__ void LoadRow(const typename Scores::Storage* row_scor
         row.key[4 * v + 2] = KeyOf<Scores>(four[v].z);
         row.key[4 * v + 3] = KeyOf<Scores>(four[v].w);
       }
-    } else {  // 8 16-bit elements a chunk, the lower column in a word's low half
+    } else {
       uint4 chunks[kElems / 8];
 #pragma unroll
       for (int v = 0; v < kElems / 8; ++v) {
         chunks[v] = __ldg(reinterpret_cast<const uint4*>(row_scores + first_column) + v);
       }
 #pragma unroll
-      for (int v = 0; v < kElems / 8; ++v) {
-        const uint32_t words[4] = {chunks[v].x, chunks[v].y, chunks[v].z, chunks[v].w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          row.key[8 * v + 2 * w] = KeyOf<Scores>(static_cast<unsigned short>(words[w] & 0xFFFFu));
-          row.key[8 * v + 2 * w + 1] = KeyOf<Scores>(static_cast<unsigned short>(words[w] >> 16));
-        }
-      }
+      for (int v = 0; v < kElems / 8; ++v) ChunkKeys<Scores>(chunks[v], v, row);
     }
   } else {
     typename Scores::Storage values[kElems];
@@ -148,9 +162,9 @@ __device__ __forceinline__ void LoadRow(const typename Scores::Storage* row_scor
 // LoadRow itself stays one function: written as these two, it compiled to an extra branch
 // chain that cost topk_f32_rows up to 1.9 us a call and the 16- and 24-key cluster kernels
 // 0.1-0.2 us (benches/NOTES.md "topk_f32_cluster: the histograms zeroed behind the loads"), so
-// the two paths are written twice: keep them in step (tests/test_f32_cluster.py checks both
-// against the CPU). Only the taken branch's registers are written (whole 16-byte chunks, or
-// single elements).
+// the branches are written twice (the keys of a chunk shared, ChunkKeys): keep them in step
+// (tests/test_f32_cluster.py checks both against the CPU). Only the taken branch's registers are
+// written (whole 16-byte chunks, or single elements).
 template <class Scores, int kElems>
 struct LoadedSlice {
   static constexpr int kChunk = Scores::kChunkElems;
@@ -202,20 +216,7 @@ __device__ __forceinline__ void MakeRowKeys(const LoadedSlice<Scores, kElems>& s
   } else if (slice.aligned && first_column + kElems <= slice.end) {
 #pragma unroll
     for (int v = 0; v < kElems / Scores::kChunkElems; ++v) {
-      if constexpr (Scores::kChunkElems == 4) {
-        row.key[4 * v] = KeyOf<Scores>(slice.chunks[v].x);
-        row.key[4 * v + 1] = KeyOf<Scores>(slice.chunks[v].y);
-        row.key[4 * v + 2] = KeyOf<Scores>(slice.chunks[v].z);
-        row.key[4 * v + 3] = KeyOf<Scores>(slice.chunks[v].w);
-      } else {  // 8 16-bit elements a chunk, the lower column in a word's low half
-        const uint32_t words[4] = {slice.chunks[v].x, slice.chunks[v].y, slice.chunks[v].z,
-                                   slice.chunks[v].w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          row.key[8 * v + 2 * w] = KeyOf<Scores>(static_cast<unsigned short>(words[w] & 0xFFFFu));
-          row.key[8 * v + 2 * w + 1] = KeyOf<Scores>(static_cast<unsigned short>(words[w] >> 16));
-        }
-      }
+      ChunkKeys<Scores>(slice.chunks[v], v, row);
     }
   } else {
 #pragma unroll
