@@ -2,8 +2,8 @@
 # One device call (benches/NOTES.md "topk_bf16: walks by every warp, a guarded second pass"):
 # bf16_rows_variants.cu built once per variant, each run twice in turn (A B C A B C) so that a
 # drift of the GPU shows (the CPU handler's topk_cpu.cc linked in as the reference). Needs nvcc
-# and the toolkit's CCCL only; changes nothing in the tree. Ends on a table of both rounds, a
-# column a variant ($OUT/table.md).
+# and the toolkit's CCCL only; changes nothing in the tree. Ends on a table of each shape's
+# median and range over both rounds, a column a variant ($OUT/table.md).
 #   VARIANTS="name:flags;name2:flags" (default: the tree's kernel, and its build with phase stamps,
 #   -DJAX_TOPK_BF16_STAMPS=1, whose times carry the stamps' stores). A variant's flags come
 #   first, so "-I dir" builds dir/kernels/topk_bf16.cu (its other headers from this tree), and
@@ -53,25 +53,11 @@ for round in 1 2; do
     [[ ${PIPESTATUS[0]} == 0 ]] || status=1  # a winner differed from the host's
   done
 done
-names=()
-for variant in "${variants[@]}"; do names+=("${variant%%:*}"); done
-# Both rounds side by side, a column a variant (table.md); a row that differed is marked.
-python3 - "$out" "${names[@]}" <<'PY' | tee "$out/table.md"
-import sys
-out, names = sys.argv[1], sys.argv[2:]
-table = {}  # shape -> variant -> ["us" per round]
-for name in names:
-    for round_ in (1, 2):
-        for line in open(f"{out}/run-{name}-{round_}.txt").read().splitlines()[1:]:
-            fields = line[44:].split()
-            if len(fields) >= 2 and not line.startswith(" "):
-                mark = "" if fields[1] == "equal" else " " + fields[1]
-                runs = table.setdefault(line[:44].strip(), {}).setdefault(name, [])
-                runs.append(fields[0] + mark)
-print("us a launch in a graph, round 1 / round 2")
-print("| shape | " + " | ".join(names) + " |")
-print("| --- |" + " --- |" * len(names))
-for shape, by_name in table.items():
-    print(f"| {shape} | " + " | ".join(" / ".join(by_name.get(n, ["-"])) for n in names) + " |")
-PY
+# Both rounds' times by variant (table.md).
+specs=()
+for variant in "${variants[@]}"; do
+  name=${variant%%:*}
+  specs+=("$name=$out/run-$name-1.txt,$out/run-$name-2.txt")
+done
+python3 -m benches.probes.variant_table --name-width 44 "${specs[@]}" | tee "$out/table.md"
 exit $status

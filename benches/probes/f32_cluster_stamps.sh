@@ -42,31 +42,9 @@ if [[ ${ROUNDS:-0} -gt 0 ]]; then
       "/tmp/f32_stamps_${name}_0" | grep -v "^empty" >>"$out/rounds-$name.txt"
     done
   done
-  python3 - "$out" "${names[@]}" <<'PY' | tee "$out/rounds.md"
-import collections, statistics, sys
-out, names = sys.argv[1], sys.argv[2:]
-table = collections.defaultdict(dict)  # shape -> variant -> us a launch, every run
-wrong = set()
-for name in names:
-    for line in open(f"{out}/rounds-{name}.txt"):
-        fields = line[22:].split()
-        if line.startswith("shape") or not fields:
-            continue
-        table[line[:22].strip()].setdefault(name, []).append(float(fields[0]))
-        if "WRONG" in line:
-            wrong.add(name)
-print("us a launch in a graph: median (min-max) over the rounds")
-print("| shape | " + " | ".join(names) + " |")
-print("| --- |" + " --- |" * len(names))
-for shape, by_name in table.items():
-    cells = []
-    for name in names:
-        runs = by_name.get(name, [])
-        spread = f"({min(runs):.2f}-{max(runs):.2f})" if runs else ""
-        cells.append(f"{statistics.median(runs):.2f} {spread}" if runs else "-")
-    print(f"| {shape} | " + " | ".join(cells) + " |")
-print("variants with a WRONG row:", ", ".join(sorted(wrong)) or "none")
-PY
+  specs=()
+  for name in "${names[@]}"; do specs+=("$name=$out/rounds-$name.txt"); done
+  python3 -m benches.probes.variant_table --name-width 22 "${specs[@]}" | tee "$out/rounds.md"
 fi
 [ "${NCU:-1}" = 0 ] && exit 0
 first=${variants[0]%%:*}
