@@ -516,9 +516,9 @@ def test_sorted_lists_gpu_equals_cpu(dtype):
         assert_same(got, run_merge("cpu", values, indices, 2048, sorted_), f"sorted={sorted_}")
 
 
-def fine_bucket_rows(rng, rows, dtype, k=2048):
-    """Rows of 8 lists of 2048 for the register kernel's fine-bucket rank (each takes the
-    sampled path: ~2800 kept), the row kind cycling with the row: 0 normal values (the
+def fine_bucket_rows(rng, rows, dtype, k=2048, lists=8):
+    """Rows of `lists` lists of 2048 for the register kernel's fine-bucket rank (each takes the
+    sampled path: ~2800 kept of 8 lists), the row kind cycling with the row: 0 normal values (the
     benchmark's; for 16-bit types many equal keys in the bucket holding rank k); 1 one +inf
     (the key span 2^30: wide buckets, crowded near the cutoff); 2 the top 300 values a cluster
     of adjacent keys under one huge value (a crowded bucket before rank k: sorted output falls
@@ -527,13 +527,14 @@ def fine_bucket_rows(rng, rows, dtype, k=2048):
     narrow range between columns 0 and 2^31 - 2 (the (column, key) buckets crowded)."""
     dtype = jnp.dtype(dtype)
     unsigned = np.dtype(f"uint{dtype.itemsize * 8}")
-    width = 16384
+    width = lists * 2048
     values = np.empty((rows, width), dtype)
     columns = np.empty((rows, width), np.int32)
     for r in range(rows):
         kind = r % 6
         v = rng.standard_normal(width).astype(dtype)
-        shards = np.sort(rng.integers(0, 16384, (8, 2048)), axis=-1) + 16384 * np.arange(8)[:, None]
+        shards = np.sort(rng.integers(0, 16384, (lists, 2048)), axis=-1)
+        shards += 16384 * np.arange(lists)[:, None]
         col = shards.reshape(-1).astype(np.int32)
         order = np.argsort(-v.astype(np.float32), kind="stable")
         if kind == 1:
@@ -544,7 +545,8 @@ def fine_bucket_rows(rng, rows, dtype, k=2048):
             v[order[0]] = 60000.0
         elif kind in (3, 4):
             group = 40 if kind == 3 else 100
-            v[order[k - group // 2 : k + group // 2]] = v[order[k]]
+            kth = min(k, width - 1)  # k == width: the group at the row's end
+            v[order[kth - group // 2 : kth + group // 2]] = v[order[kth]]
         elif kind == 5:
             col = (rng.permutation(width) + 1000).astype(np.int32)
             col[order[0]], col[order[1]] = 0, np.iinfo(np.int32).max - 1
@@ -564,6 +566,38 @@ def test_fine_bucket_rank_gpu_equals_cpu(dtype, k):
     for sorted_ in (True, False):
         got = run_merge("gpu", values, indices, k, sorted_)
         assert_same(got, run_merge("cpu", values, indices, k, sorted_), f"sorted={sorted_}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_devices(), reason="no GPU visible to JAX")
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("rows_of", ["register_kernel_rows", "fine_bucket_rows"])
+@pytest.mark.parametrize(
+    "width,k", [(4096, 2048), (4095, 1500), (4096, 1), (2048, 2048), (8192, 2048), (6001, 2048)]
+)
+def test_narrow_and_wide_instances_gpu_equal_cpu(dtype, rows_of, width, k, monkeypatch):
+    """Rows of m <= 8192 (two or four lists of 2048: a column split over 2-4 devices, a running
+    top-k over key chunks) run the register kernel's narrow instances, two blocks an SM,
+    unstaged; with JAX_TOPK_MERGE_NARROW=off the wide one. Both against the CPU handler bit for
+    bit, on more rows than the narrow grid has blocks (each block takes several rows in turn):
+    the extreme order codes, crowded buckets and empty rows of register_kernel_rows, and the
+    fine-bucket rank's rows (tie groups at rank k, crowded buckets before it) of 1-4 lists."""
+    rng = np.random.default_rng(width + k)
+    rows = 6 * 100 + 5  # > 2 x 132 blocks of an H200's narrow grid
+    if rows_of == "register_kernel_rows":
+        values, indices = register_kernel_rows(rng, rows, width, dtype)
+    else:
+        values, indices = fine_bucket_rows(rng, rows, dtype, k, lists=-(-width // 2048))
+        values, indices = values[:, :width], indices[:, :width]
+    for sorted_ in (True, False):
+        want = run_merge("cpu", values, indices, k, sorted_)
+        for narrow in ("on", "off"):
+            monkeypatch.setenv("JAX_TOPK_MERGE_NARROW", narrow)
+            merge = jax.jit(lambda v, i, s=sorted_: jax_topk.merge_topk(v, i, k, sorted=s))
+            gpu = device_for("gpu")
+            got = merge(jax.device_put(values, gpu), jax.device_put(indices, gpu))
+            got = tuple(np.asarray(o) for o in got)
+            assert_same(got, want, f"sorted={sorted_} narrow={narrow}")
 
 
 def in_rank_order(values, columns, lists):

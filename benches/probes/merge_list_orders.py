@@ -3,8 +3,9 @@ top_k(sorted=True) return them) at list counts besides the bench's 8 x 2048, and
 lists of a running top-k or a 2- to 4-way split: the register kernel's rotated chunks
 (merge_in_registers.cuh kRotation) should make the two orders cost the same wherever the row
 fits it (m <= 16384), and the per-row time should not grow as rows get narrower. Device time
-(the bench's method), float32, 5536 rows (MERGE_ROWS). Run from the repo root on a GPU:
-python -m benches.probes.merge_list_orders"""
+(the bench's method), float32 (MERGE_DTYPE), 5536 rows (MERGE_ROWS). Rows of m <= 4096 are
+timed on the narrow instance (the default) and on the wide one (JAX_TOPK_MERGE_NARROW=off, a
+fresh jit each). Run from the repo root on a GPU: python -m benches.probes.merge_list_orders"""
 
 import os
 
@@ -14,6 +15,8 @@ from benches import merge
 from benches.bench import Shape, device_time_us
 
 ROWS = int(os.environ.get("MERGE_ROWS", "5536"))
+DTYPE = os.environ.get("MERGE_DTYPE", "float32")
+NARROW_WIDTH = 8192  # merge_in_registers.cuh kWidthOf<kMidChunks>
 # (lists, each list's length, k): the bench's 8 x 2048, more and shorter lists, and the few
 # lists of a running top-k ([running k, chunk's k]), a 2- or 4-way split or shard.
 SHAPES = [
@@ -29,20 +32,33 @@ SHAPES = [
 ]
 
 
+def timed(sets, k, narrow: str) -> float:
+    os.environ["JAX_TOPK_MERGE_NARROW"] = narrow  # read at each launch
+    try:
+        return device_time_us(jax.jit(merge.ours_call(k)), sets, 6)
+    finally:
+        del os.environ["JAX_TOPK_MERGE_NARROW"]
+
+
 def main():
-    print(f"merge_topk, float32, {ROWS} rows, on {jax.devices()[0].device_kind}")
-    print("| lists x length | k | no order (us) | rank order (us) | rank / no |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"merge_topk, {DTYPE}, {ROWS} rows, on {jax.devices()[0].device_kind}")
+    print(
+        "| lists x length | k | no order (us) | rank order (us) | rank / no "
+        "| no order, wide instance | rank order, wide instance |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for lists, per_list, k in SHAPES:
-        times = []
+        times, wide = [], []
         for order in ("full", "sorted"):
-            shape = Shape(merge.OP, "float32", ROWS, lists * per_list, per_list, order)
+            shape = Shape(merge.OP, DTYPE, ROWS, lists * per_list, per_list, order)
             sets = merge.make_inputs(shape, 3, seed=lists)
-            call = jax.jit(merge.ours_call(k))
-            times.append(device_time_us(call, sets, 6))
+            times.append(timed(sets, k, "on"))
+            if lists * per_list <= NARROW_WIDTH:
+                wide.append(f"{timed(sets, k, 'off'):.1f}")
+        wide = wide or ["-", "-"]
         print(
             f"| {lists} x {per_list} | {k} | {times[0]:.1f} | {times[1]:.1f} | "
-            f"{times[1] / times[0]:.2f} |",
+            f"{times[1] / times[0]:.2f} | {wide[0]} | {wide[1]} |",
             flush=True,
         )
 

@@ -1,8 +1,11 @@
 // merge_topk for rows of m <= 16384 candidates: a persistent 512-thread block an SM, the row in
 // registers (32 candidates a thread: 32-bit ordered key and column), read once with 16-byte
-// loads. While the block works on a row, the copy engine brings its next row into shared
+// loads; rows of m <= 4096 (8192) take a narrow instance of 8 (16) candidates a thread, two
+// blocks an SM.
+// While the wide block works on a row, the copy engine brings its next row into shared
 // memory (bulk copies counted on an mbarrier; `staged`, where the row's parts are 16-byte
-// multiples) and the one after into L2; unstaged rows load from global memory.
+// multiples) and the one after into L2; unstaged rows (and the narrow instance's) load from
+// global memory.
 // 0. The sampled path (when `sampled`), tried first: 1024 of the row's keys (two a thread,
 //    spread over every list) give a cutoff, the key whose rank among them is k's share plus 4
 //    standard deviations (two 11-bit digits of a select over the sample); the candidates at or
@@ -38,16 +41,36 @@ namespace merge_registers {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 4;  // candidates a vector load: 16 bytes of columns
-constexpr int kChunks = 8;
-constexpr int kItems = kChunk * kChunks;  // candidates a thread
-// Chunk c of the row is read by the threads rotated by c * kRotation: a warp still loads 32
+// Three instances: the wide one, kWideChunks chunks a thread (32 candidates, m <= 16384), one
+// block an SM for its registers; the narrow ones, kNarrowChunks (8 candidates, m <= 4096: two
+// lists of 2048, a running top-k over chunks) and kMidChunks (16, m <= 8192: four lists), two
+// blocks an SM, so that one block's barriers and round trips overlap the other's work
+// (benches/NOTES.md "merge_topk: two narrow blocks an SM").
+constexpr int kWideChunks = 8;
+constexpr int kMidChunks = 4;
+constexpr int kNarrowChunks = 2;
+template <int kChunks>
+constexpr int kItemsOf = kChunk * kChunks;  // candidates a thread
+// Chunk c of the row is read by the threads rotated by c * kRotationOf: a warp still loads 32
 // consecutive 16-byte pieces, but when the row is lists in rank order (top_k(sorted=True)'s
 // results, one a chunk at 8 x 2048), each list's leading ranks, where the winners are, fall to
 // different warps instead of all to warps 0-2, which then did the whole filter alone.
-constexpr int kRotation = kThreads / kChunks;
-static_assert(kThreads % kChunks == 0 && kRotation % 32 == 0,
+template <int kChunks>
+constexpr int kRotationOf = kThreads / kChunks;
+template <int kChunks>
+constexpr bool kKeepsWarpPiecesOf = kThreads % kChunks == 0 && kRotationOf<kChunks> % 32 == 0;
+static_assert(kKeepsWarpPiecesOf<kWideChunks> && kKeepsWarpPiecesOf<kMidChunks> &&
+                  kKeepsWarpPiecesOf<kNarrowChunks>,
               "a warp's pieces stay 32 consecutive ones, and each thread keeps its lane");
-constexpr int64_t kMaxWidth = int64_t{kThreads} * kItems;
+template <int kChunks>
+constexpr int64_t kWidthOf = int64_t{kThreads} * kItemsOf<kChunks>;
+constexpr int64_t kMaxWidth = kWidthOf<kWideChunks>;
+// Blocks an SM an instance is built for (its registers: 128 a thread, or 64), and whether it
+// stages its next row (two blocks' staged rows beside their shared state would not fit an SM).
+template <int kChunks>
+constexpr int kBlocksPerSmOf = kChunks < kWideChunks ? 2 : 1;
+template <int kChunks>
+constexpr bool kStagesRowsOf = kBlocksPerSmOf<kChunks> == 1;
 constexpr int kDigitBits = 11;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerThread = kBins / kThreads;
@@ -381,6 +404,7 @@ __device__ __forceinline__ void WriteInOrder(Shared& s, int taken, int32_t k, bo
 
 // The items marked in `marked` (bit i: item i) to s.list from slot `at` on, their extremes
 // added to `span` (every thread calls it; a barrier must follow before they are read).
+template <int kItems>
 __device__ __forceinline__ void ListMarked(Shared& s, const uint32_t (&keys)[kItems],
                                            const int32_t (&columns)[kItems], uint32_t marked,
                                            uint32_t at, Span& span) {
@@ -401,14 +425,16 @@ __device__ __forceinline__ void ListMarked(Shared& s, const uint32_t (&keys)[kIt
 
 // The sample's rank whose key is the cutoff: the top k's expected share of the sample plus 4
 // standard deviations (a binomial count's), so that fewer than k candidates pass about once in
-// 30000 rows of distinct keys. The sample is a fixed kThreads * kSamples of kMaxWidth places
-// (1 in 16, evenly over every chunk), so a row of any width holds width / 16 of them and its
-// top k about k / 16: the share does not depend on the width. (It was taken as k's share of all
-// 1024 places, which over-kept narrower rows: 4 x 2048 kept ~5100 > kListCapacity and always
-// fell back, 2 x 2048 kept all 4096; benches/NOTES.md "the sample's rate".)
+// 30000 rows of distinct keys. The sample is a fixed kThreads * kSamples of an instance's
+// kThreads * kItems places (1 in 16 wide, 1 in 4 narrow, evenly over every chunk), so a row of
+// any width holds that share of its places and its top k that share of k: the share does not
+// depend on the width. (It was taken as k's share of all 1024 places, which over-kept narrower
+// rows: 4 x 2048 kept ~5100 > kListCapacity and always fell back, 2 x 2048 kept all 4096;
+// benches/NOTES.md "the sample's rate".)
+template <int kItems>
 __device__ __forceinline__ uint32_t SampleRank(int32_t k) {
   const float expected =
-      static_cast<float>(k) * (kThreads * kSamples) / static_cast<float>(kMaxWidth);
+      static_cast<float>(k) * (kThreads * kSamples) / static_cast<float>(kThreads * kItems);
   return static_cast<uint32_t>(ceilf(expected + 4.0f * sqrtf(expected) + 1.0f));
 }
 
@@ -575,18 +601,19 @@ __device__ __forceinline__ bool RankByFineBuckets(Shared& s, int kept, int taken
 // Step 0 (every thread calls it with block-uniform arguments): the sampled path of one row
 // held in keys / columns. Returns false, before it writes anything, when the row must take
 // steps 1-2 (s.hist zero again, the registers untouched).
-template <typename Values, bool kFlagWinners>
+template <typename Values, bool kFlagWinners, int kItems>
 __device__ __forceinline__ bool MergeBySample(Shared& s, const uint32_t (&keys)[kItems],
                                               const int32_t (&columns)[kItems],
                                               uint32_t sample_rank, int32_t k, bool sorted,
                                               bool fine, typename Values::Bits* row_out_values,
                                               int32_t* row_out_indices, int probe_stop) {
-  // The sample: items lane and lane + 16 of each thread, so every chunk (list) is sampled.
+  // The sample: items lane and lane + kItems / 2 (mod kItems) of each thread, so every chunk
+  // (list) is sampled.
   const int lane = static_cast<int>(threadIdx.x % 32);
   uint32_t sample[kSamples] = {0, 0};
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
-    if (i == lane) sample[0] = keys[i];
+    if (i == lane % kItems) sample[0] = keys[i];
     if (i == (lane + kItems / 2) % kItems) sample[1] = keys[i];
   }
   const auto key_of_sample = [&](int i, uint32_t& value) {
@@ -743,13 +770,15 @@ struct Options {
 
 // kFlagWinners: unsorted output only, its fine rank flagging the winners (RankByFineBuckets):
 // an instance of its own, so that the other's registers are allotted as without it.
-template <typename Values, bool kFlagWinners>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename Values, bool kFlagWinners, int kChunks>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSmOf<kChunks>)
     MergeInRegistersKernel(const typename Values::Bits* values, const int32_t* indices,
                            int64_t rows, int64_t width, int32_t k, bool sorted_output,
                            Options options, typename Values::Bits* out_values,
                            int32_t* out_indices) {
   using Bits = typename Values::Bits;
+  constexpr int kItems = kItemsOf<kChunks>;
+  constexpr int kRotation = kRotationOf<kChunks>;
   const bool sorted = !kFlagWinners && sorted_output;
   const bool vector_loads = options.vector_loads, sampled = options.sampled, fine = options.fine;
   const bool staged = options.staged;
@@ -763,7 +792,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The staged row (when `staged`): its values, then its columns, after s.
   Bits* staged_values = reinterpret_cast<Bits*>(shared_bytes + StagedOffset());
   const int32_t* staged_indices = reinterpret_cast<const int32_t*>(staged_values + width);
-  const uint32_t sample_rank = SampleRank(k);
+  const uint32_t sample_rank = SampleRank<kItems>(k);
   s.fine.Zero();  // s.hist with it
   const int64_t grid = gridDim.x;
   const auto prefetch_row = [&](int64_t row) {

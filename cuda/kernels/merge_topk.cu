@@ -262,21 +262,32 @@ cudaError_t AllowSharedOnce(Kernel kernel, size_t bytes, std::atomic<uint64_t>& 
   return status;
 }
 
-// Rows of m <= merge_registers::kMaxWidth: a persistent grid of one block per SM (the kernel's
-// registers allow no second), each pulling a row ahead into L2 and, where the row's two parts
-// are 16-byte multiples at 16-byte addresses, the next row into shared memory by bulk copies
-// while it works on this one.
-template <typename Values>
+// Whether rows of m <= 8192 take the narrow instances (two blocks an SM).
+// JAX_TOPK_MERGE_NARROW=off (read at each launch) keeps them on the wide one, for benchmarks
+// and tests.
+bool NarrowInstanceChosen() {
+  const char* const mode = std::getenv("JAX_TOPK_MERGE_NARROW");
+  return mode == nullptr || std::string_view(mode) != "off";
+}
+
+// Rows of m <= merge_registers::kMaxWidth: a persistent grid of kBlocksPerSmOf blocks an SM
+// (the kernel's registers allow no more), each pulling a row ahead into L2 and, for the wide
+// instance where the row's two parts are 16-byte multiples at 16-byte addresses, the next row
+// into shared memory by bulk copies while it works on this one. The narrow instances stage
+// nothing (kStagesRowsOf).
+template <typename Values, int kChunks>
 cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   using Bits = typename Values::Bits;
+  constexpr bool kStages = merge_registers::kStagesRowsOf<kChunks>;
   const RegisterVariant variant = ChosenVariant();
   const bool flag_winners = variant.flag_winners && !p.sorted;
-  const auto kernel = flag_winners ? merge_registers::MergeInRegistersKernel<Values, true>
-                                   : merge_registers::MergeInRegistersKernel<Values, false>;
+  const auto kernel = flag_winners
+                          ? merge_registers::MergeInRegistersKernel<Values, true, kChunks>
+                          : merge_registers::MergeInRegistersKernel<Values, false, kChunks>;
   static std::atomic<uint64_t> allowed[2] = {0, 0};
-  cudaError_t status =
-      AllowSharedOnce(kernel, merge_registers::SharedBytes<Bits>(true, merge_registers::kMaxWidth),
-                      allowed[flag_winners]);
+  cudaError_t status = AllowSharedOnce(
+      kernel, merge_registers::SharedBytes<Bits>(kStages, merge_registers::kWidthOf<kChunks>),
+      allowed[flag_winners]);
   if (status != cudaSuccess) return status;
   int device = 0;
   status = cudaGetDevice(&device);
@@ -284,11 +295,12 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   int sms = 0;
   status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (status != cudaSuccess) return status;
-  const int64_t grid = p.rows < sms ? p.rows : sms;
+  const int64_t pool = int64_t{sms} * merge_registers::kBlocksPerSmOf<kChunks>;
+  const int64_t grid = p.rows < pool ? p.rows : pool;
   const bool vector_loads = p.width % merge_registers::kChunk == 0 &&
                             reinterpret_cast<uintptr_t>(p.values) % (4 * sizeof(Bits)) == 0 &&
                             reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  const bool staged = variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
+  const bool staged = kStages && variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.values) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
   const size_t shared_bytes = merge_registers::SharedBytes<Bits>(staged, p.width);
@@ -303,7 +315,13 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
 
 template <typename Values>
 cudaError_t Launch(const MergeProblem& p, cudaStream_t stream) {
-  if (p.width <= merge_registers::kMaxWidth) return LaunchInRegisters<Values>(p, stream);
+  using merge_registers::kMidChunks, merge_registers::kNarrowChunks, merge_registers::kWidthOf;
+  if (p.width <= kWidthOf<kMidChunks> && NarrowInstanceChosen()) {
+    return p.width <= kWidthOf<kNarrowChunks> ? LaunchInRegisters<Values, kNarrowChunks>(p, stream)
+                                              : LaunchInRegisters<Values, kMidChunks>(p, stream);
+  }
+  if (p.width <= merge_registers::kMaxWidth)
+    return LaunchInRegisters<Values, merge_registers::kWideChunks>(p, stream);
   const size_t staged_bytes = p.width <= kMaxStagedWidth ? p.width * sizeof(uint64_t) : 0;
   // A block a row: rows beyond the grid's x extent (unreachable in memory: 2^31 rows of more
   // than 16384 candidates) are refused; the persistent kernel above takes any row count.

@@ -47,7 +47,8 @@ def _periodic_rows(rng, rows, n):
 def _merge_cases(gpu, cpu, rng):
     """merge_topk: the row-in-registers kernel (8 lists of 2048; a width not a multiple of 4;
     tied rows; the fine-bucket rank's row kinds; 8 lists in rank order in about half of more
-    rows than SMs) and the one past 16384 candidates, with -1 entries and NaN."""
+    rows than SMs), its narrow instances (m <= 8192, more rows than their two blocks an SM) and
+    the kernel past 16384 candidates, with -1 entries and NaN."""
     from tests.test_merge_topk import fine_bucket_rows, in_rank_order
 
     cases = [
@@ -56,6 +57,9 @@ def _merge_cases(gpu, cpu, rng):
         (4, 40000, 2048),
         (12, 16384, 2048),
         (140, 16384, 2048),
+        (300, 4096, 2048),
+        (290, 4093, 1000),
+        (280, 8192, 2048),
     ]
     for rows, m, k in cases:
         values = rng.standard_normal((rows, m), np.float32)
