@@ -168,6 +168,9 @@ def gpu_shapes() -> list[Shape]:
         for rows in (32, 5536)
         for lists in ("full", "sorted")  # lists in no order / in rank order
     ]
+    shapes += [  # two lists: a running top-k over key chunks, a split over two devices
+        Shape(merge.OP, dtype, 5536, 2 * 2048, 2048, "sorted") for dtype in ("float32", "bfloat16")
+    ]
     shapes += indexer_shapes(  # decode (1 and 32 queries), prefill chunks
         ((1, 131072), (32, 131072), (128, 65536), (512, 65536), (2048, 32768), (4096, 131072)),
         heads=64,
