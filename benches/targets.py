@@ -238,7 +238,7 @@ TARGETS = [
             "~10 us of phases a row an SM (cutoff, filter, fine placing, rank, writes); the "
             "sorted-runs merge and other branches in the register kernel lost (NOTES "
             "'merge_topk: the sorted-runs merge'); needs fewer phases a row or two rows in "
-            "flight an SM: two blocks an SM took 37-45 % off rows of m <= 4096 (NOTES "
+            "flight an SM: two blocks an SM took 37-46 % off rows of m <= 4096 on an H100 (NOTES "
             "'two narrow blocks an SM'), but 16384 candidates a row do not fit 64 registers "
             "a thread",
         )

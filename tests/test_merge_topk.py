@@ -516,9 +516,10 @@ def test_sorted_lists_gpu_equals_cpu(dtype):
         assert_same(got, run_merge("cpu", values, indices, 2048, sorted_), f"sorted={sorted_}")
 
 
-def fine_bucket_rows(rng, rows, dtype, k=2048, lists=8):
-    """Rows of `lists` lists of 2048 for the register kernel's fine-bucket rank (each takes the
-    sampled path: ~2800 kept of 8 lists), the row kind cycling with the row: 0 normal values (the
+def fine_bucket_rows(rng, rows, dtype, k=2048, lists=8, width=None):
+    """Rows of `lists` lists of 2048 (cut to `width` columns when given) for the register
+    kernel's fine-bucket rank (each takes the sampled path: ~2800 kept of 8 lists), the row
+    kind cycling with the row: 0 normal values (the
     benchmark's; for 16-bit types many equal keys in the bucket holding rank k); 1 one +inf
     (the key span 2^30: wide buckets, crowded near the cutoff); 2 the top 300 values a cluster
     of adjacent keys under one huge value (a crowded bucket before rank k: sorted output falls
@@ -527,7 +528,7 @@ def fine_bucket_rows(rng, rows, dtype, k=2048, lists=8):
     narrow range between columns 0 and 2^31 - 2 (the (column, key) buckets crowded)."""
     dtype = jnp.dtype(dtype)
     unsigned = np.dtype(f"uint{dtype.itemsize * 8}")
-    width = lists * 2048
+    width = lists * 2048 if width is None else width
     values = np.empty((rows, width), dtype)
     columns = np.empty((rows, width), np.int32)
     for r in range(rows):
@@ -535,7 +536,7 @@ def fine_bucket_rows(rng, rows, dtype, k=2048, lists=8):
         v = rng.standard_normal(width).astype(dtype)
         shards = np.sort(rng.integers(0, 16384, (lists, 2048)), axis=-1)
         shards += 16384 * np.arange(lists)[:, None]
-        col = shards.reshape(-1).astype(np.int32)
+        col = shards.reshape(-1)[:width].astype(np.int32)
         order = np.argsort(-v.astype(np.float32), kind="stable")
         if kind == 1:
             v[order[5]] = np.inf
@@ -546,7 +547,7 @@ def fine_bucket_rows(rng, rows, dtype, k=2048, lists=8):
         elif kind in (3, 4):
             group = 40 if kind == 3 else 100
             kth = min(k, width - 1)  # k == width: the group at the row's end
-            v[order[kth - group // 2 : kth + group // 2]] = v[order[kth]]
+            v[order[max(kth - group // 2, 0) : kth + group // 2]] = v[order[kth]]
         elif kind == 5:
             col = (rng.permutation(width) + 1000).astype(np.int32)
             col[order[0]], col[order[1]] = 0, np.iinfo(np.int32).max - 1
@@ -587,8 +588,7 @@ def test_narrow_and_wide_instances_gpu_equal_cpu(dtype, rows_of, width, k, monke
     if rows_of == "register_kernel_rows":
         values, indices = register_kernel_rows(rng, rows, width, dtype)
     else:
-        values, indices = fine_bucket_rows(rng, rows, dtype, k, lists=-(-width // 2048))
-        values, indices = values[:, :width], indices[:, :width]
+        values, indices = fine_bucket_rows(rng, rows, dtype, k, -(-width // 2048), width)
     for sorted_ in (True, False):
         want = run_merge("cpu", values, indices, k, sorted_)
         for narrow in ("on", "off"):

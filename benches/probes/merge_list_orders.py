@@ -3,8 +3,8 @@ top_k(sorted=True) return them) at list counts besides the bench's 8 x 2048, and
 lists of a running top-k or a 2- to 4-way split: the register kernel's rotated chunks
 (merge_in_registers.cuh kRotation) should make the two orders cost the same wherever the row
 fits it (m <= 16384), and the per-row time should not grow as rows get narrower. Device time
-(the bench's method), float32 (MERGE_DTYPE), 5536 rows (MERGE_ROWS). Rows of m <= 4096 are
-timed on the narrow instance (the default) and on the wide one (JAX_TOPK_MERGE_NARROW=off, a
+(the bench's method), float32 (MERGE_DTYPE), 5536 rows (MERGE_ROWS). Rows of m <= 8192 are
+timed on the narrow instances (the default) and on the wide one (JAX_TOPK_MERGE_NARROW=off, a
 fresh jit each). Run from the repo root on a GPU: python -m benches.probes.merge_list_orders"""
 
 import os
@@ -33,11 +33,16 @@ SHAPES = [
 
 
 def timed(sets, k, narrow: str) -> float:
-    os.environ["JAX_TOPK_MERGE_NARROW"] = narrow  # read at each launch
+    """Device time of a fresh jit (compiled under the switch, read at each launch)."""
+    before = os.environ.get("JAX_TOPK_MERGE_NARROW")
+    os.environ["JAX_TOPK_MERGE_NARROW"] = narrow
     try:
         return device_time_us(jax.jit(merge.ours_call(k)), sets, 6)
     finally:
-        del os.environ["JAX_TOPK_MERGE_NARROW"]
+        if before is None:
+            del os.environ["JAX_TOPK_MERGE_NARROW"]
+        else:
+            os.environ["JAX_TOPK_MERGE_NARROW"] = before
 
 
 def main():

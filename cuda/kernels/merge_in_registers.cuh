@@ -4,7 +4,7 @@
 // blocks an SM.
 // While the wide block works on a row, the copy engine brings its next row into shared
 // memory (bulk copies counted on an mbarrier; `staged`, where the row's parts are 16-byte
-// multiples) and the one after into L2; unstaged rows (and the narrow instance's) load from
+// multiples) and the one after into L2; unstaged rows (and the narrow instances') load from
 // global memory.
 // 0. The sampled path (when `sampled`), tried first: 1024 of the row's keys (two a thread,
 //    spread over every list) give a cutoff, the key whose rank among them is k's share plus 4
@@ -426,8 +426,8 @@ __device__ __forceinline__ void ListMarked(Shared& s, const uint32_t (&keys)[kIt
 // The sample's rank whose key is the cutoff: the top k's expected share of the sample plus 4
 // standard deviations (a binomial count's), so that fewer than k candidates pass about once in
 // 30000 rows of distinct keys. The sample is a fixed kThreads * kSamples of an instance's
-// kThreads * kItems places (1 in 16 wide, 1 in 4 narrow, evenly over every chunk), so a row of
-// any width holds that share of its places and its top k that share of k: the share does not
+// kThreads * kItems places (1 in 16 wide, 1 in 8 mid, 1 in 4 narrow, evenly over every chunk), so a
+// row of any width holds that share of its places and its top k that share of k: the share does not
 // depend on the width. (It was taken as k's share of all 1024 places, which over-kept narrower
 // rows: 4 x 2048 kept ~5100 > kListCapacity and always fell back, 2 x 2048 kept all 4096;
 // benches/NOTES.md "the sample's rate".)
@@ -766,6 +766,7 @@ struct Options {
   int lookahead;       // rows pulled into L2 ahead of the one staged (or, unstaged, loaded)
   int probe_stop;      // the probe build: end the sampled path after phase N (0: never)
   bool probe_no_copy;  // the probe build: stage the block's first row only, work on it each row
+                       // (unstaged instances: no L2 lookahead; each row still loaded)
 };
 
 // kFlagWinners: unsorted output only, its fine rank flagging the winners (RankByFineBuckets):

@@ -263,7 +263,8 @@ cudaError_t AllowSharedOnce(Kernel kernel, size_t bytes, std::atomic<uint64_t>& 
 }
 
 // Whether rows of m <= 8192 take the narrow instances (two blocks an SM).
-// JAX_TOPK_MERGE_NARROW=off (read at each launch) keeps them on the wide one, for benchmarks
+// JAX_TOPK_MERGE_NARROW=off (read at each launch; a call replayed from a captured command buffer
+// keeps the mode of its capture, so compile afresh) keeps them on the wide one, for benchmarks
 // and tests.
 bool NarrowInstanceChosen() {
   const char* const mode = std::getenv("JAX_TOPK_MERGE_NARROW");
