@@ -78,41 +78,6 @@ def test_bf16_few_rows_with_page_tables(n, page_size):
             assert_top_k_same_bits(scores, 512, lengths, True)
 
 
-@pytest.mark.parametrize("parts", ["2", "4"])
-@pytest.mark.parametrize("dtype", SIXTEEN_BIT)
-@pytest.mark.parametrize(
-    "n, page_size", [(16384, 64), (12345, None), (8191, 16), (4097, 8), (513, 1), (1, None)]
-)
-def test_bf16_rows_over_a_cluster(n, page_size, dtype, parts, monkeypatch):
-    """Unsorted topk_bf16 (float16 rows: topk_filtered, which hands them to topk_bf16's kernel),
-    and top_k(sorted=False)'s values, with every row split over a cluster of 2 or 4 blocks
-    (JAX_TOPK_BF16_CLUSTER, read at each launch) against the CPU bit for bit: every value
-    family, lengths at 0, 1, k - 1, k, k + 1, n and past it and ones ending inside, at and just
-    past each block's part, page tables with unmapped pages, table rows clamped, rows masked by
-    num_valid_rows; k = 2, 64, 512, 2048."""
-    monkeypatch.setenv("JAX_TOPK_BF16_CLUSTER", parts)
-    rng = np.random.default_rng(n + int(parts) + (page_size or 0))
-    rows = 37
-    scores = short_rows_of_every_family(rng, rows, n, dtype)
-    lengths = families.edge_lengths(512, n, rows, rng)
-    part = max(1, n // int(parts))
-    lengths[12:22] = [n - 1, part - 1, part, part + 1, 2 * part, 2 * part + 7, 7, 2047, 2048, 2049]
-    paging = {}
-    if page_size is not None:
-        pages = -(-n // page_size)
-        table = np.stack([rng.permutation(4 * pages)[:pages] for _ in range(5)])
-        table[:, 2] = -1  # unmapped
-        table_rows = rng.integers(-2, 7, size=rows).astype(np.int32)  # clamped into 0..4
-        paging = dict(page_table=table.astype(np.int32), page_size=page_size, table_rows=table_rows)
-    op = "topk_bf16" if dtype == "bfloat16" else "topk_filtered"
-    for k in (512, 2, 64, 2048):
-        assert_same_on_both(op, scores, lengths, k=k, sorted=False, **paging)
-    assert_same_on_both(
-        op, scores, lengths, k=512, sorted=False, num_valid_rows=np.int32(rows // 2)
-    )
-    assert_top_k_same_bits(scores, min(512, n), lengths, False)
-
-
 def winners_spanning(rng, rows, n, k, spans, dtype):
     """16-bit rows whose k winners' ordered keys span exactly `span` + 1 consecutive keys (its
     row's), with ties across the span, at its ends and at the k-th key (more copies of the

@@ -12,11 +12,6 @@
 //     values (RankByKeyCounts), else by a stable block radix sort.
 // Traffic: each score read once (16-byte loads on aligned rows), one coalesced page-transformed
 // store of k int32 per row, and of k 16-bit values beside them when asked; no workspace, no sync.
-// Few rows (unsorted): a row may be split over a cluster of kParts blocks (sm_90), block b of it
-// holding the b-th kParts-th of the row; each pass's 256-bin histogram is pushed into every block
-// of the cluster (st.async, cluster_push.cuh) and summed there, so every block walks the same
-// sums; the blocks' (greater, equal) counts are pushed the same way, and block b's winners follow
-// those of the blocks before it (benches/NOTES.md "topk_bf16: a row over a cluster").
 // Limits: width <= kMaxBf16Width = 512 * 32, k <= kMaxK (staged in shared memory), rows < 2^31.
 // k = 1 goes to topk_argmax.cu, and hundreds to thousands of rows of at most kF32RowsNarrowWidth
 // columns to topk_f32_rows.cu's 256-thread block (both where they measured faster).
@@ -33,8 +28,6 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "common/topk_common.h"
-#include "kernels/cluster_launch.cuh"
-#include "kernels/cluster_push.cuh"
 #include "kernels/global_timer.cuh"
 #include "kernels/set_bits.cuh"
 #include "kernels/topk_cuda.h"
@@ -70,60 +63,6 @@ __device__ __forceinline__ uint32_t HighSlotsOfPair(uint32_t pair) {
   return pair ^ ((pair >> 3) & 0x10001000u);
 }
 constexpr int kSpillBin = kRadixBins;  // pass 2's bin for keys outside the pivot's high byte
-
-// A row split over a cluster of kParts blocks: what every block pushes into every block (its two
-// histograms and its packed (greater, equal) counts, each at its own rank's slot) and the
-// mbarriers that count them in. One exchange each, so each mbarrier completes one phase.
-constexpr int kMaxParts = 4;
-template <int kParts>
-struct ClusterExchange {
-  uint32_t high[kParts][kRadixBins];
-  uint32_t low[kParts][kRadixBins];
-  uint32_t counts[kParts];
-  uint64_t high_landed, low_landed, counts_landed;
-};
-// The block's exchange state; instantiated for kParts > 1 only, so that the one-block kernels
-// keep their shared memory as it was.
-template <int kParts>
-__device__ __forceinline__ ClusterExchange<kParts>& ClusterState() {
-  static_assert(kParts > 1 && kParts <= kMaxParts, "a cluster of 2 to kMaxParts blocks");
-  __shared__ ClusterExchange<kParts> state;
-  return state;
-}
-// This block's rank in its cluster (0 for a block alone).
-template <int kParts>
-__device__ __forceinline__ uint32_t PartOfRow() {
-  if constexpr (kParts == 1) {
-    return 0;
-  } else {
-    return blockIdx.x % kParts;  // clusters of kParts consecutive blocks
-  }
-}
-
-// Thread t < kRadixBins: pushes bin t of this block's histogram into slot `rank` of every
-// block's `received`, waits for every block's push, and writes the cluster's sum of bin t back
-// into the histogram. Every thread calls it, after the barrier that completes the local
-// histogram; a barrier must follow before the sums are read.
-template <int kParts>
-__device__ __forceinline__ void SumOverCluster(int* histogram,
-                                               uint32_t (&received)[kParts][kRadixBins],
-                                               uint64_t& landed) {
-  const int bin = threadIdx.x;
-  if (bin >= kRadixBins) return;
-  const uint32_t rank = PartOfRow<kParts>();
-  const uint32_t count = static_cast<uint32_t>(histogram[bin]);
-  const uint32_t slot = SharedAddress(&received[rank][bin]);
-  const uint32_t barrier = SharedAddress(&landed);
-#pragma unroll
-  for (int to = 0; to < kParts; ++to) {
-    PushWord(MapToBlock(slot, to), MapToBlock(barrier, to), count);
-  }
-  MbarrierWaitFirstPhase(&landed);
-  uint32_t sum = 0;
-#pragma unroll
-  for (int from = 0; from < kParts; ++from) sum += received[from][bin];
-  histogram[bin] = static_cast<int>(sum);
-}
 
 // Phase stamps for the standalone probe (benches/probes/bf16_rows_variants.cu built with
 // -DJAX_TOPK_BF16_STAMPS=1): thread 0 of each block stores the globaltimer after each phase
@@ -325,14 +264,12 @@ __device__ __forceinline__ void LoadSlice(const uint16_t* row_scores, int first_
 }
 
 // Columns per thread for a row of `length`: the fewest (a multiple of 8, so every slice stays
-// 16-byte aligned) that cover the row with all threads (of all kParts blocks), at most the
-// register slice. A short row in a wide array is spread over every thread, so no thread
-// histograms more keys than it must.
-template <int kElemsPerThread, int kParts>
+// 16-byte aligned) that cover the row with all threads, at most the register slice. A short row
+// in a wide array is spread over every thread, so no thread histograms more keys than it must.
+template <int kElemsPerThread>
 __device__ __forceinline__ int SliceElems(int length) {
   static_assert(kElemsPerThread % 8 == 0, "slices are whole 16-byte vectors");
-  constexpr int kThreads = kThreadsPerRow * kParts;
-  const int needed = ((length + kThreads - 1) / kThreads + 7) & ~7;
+  const int needed = ((length + kThreadsPerRow - 1) / kThreadsPerRow + 7) & ~7;
   return needed < 8 ? 8 : (needed > kElemsPerThread ? kElemsPerThread : needed);
 }
 
@@ -405,7 +342,7 @@ __device__ __forceinline__ void ForEachActivePair(int active_pairs, const Visit&
 // Phase 1, load the row: zeroes the histograms and loads this thread's slice; a row holding any
 // NaN rewrites it to the fill value (-inf) with its column dropped. Every thread calls it; its
 // one barrier also publishes the zeroed histograms.
-template <typename Scores, int kElemsPerThread, int kParts, typename Shared>
+template <typename Scores, int kElemsPerThread, typename Shared>
 __device__ __forceinline__ void LoadRow(Shared& shared, const TopkProblem& problem, int64_t row,
                                         int length, RowSlice<Scores, kElemsPerThread>& slice) {
   using Pair = typename Scores::Pair;
@@ -414,10 +351,9 @@ __device__ __forceinline__ void LoadRow(Shared& shared, const TopkProblem& probl
   if (thread < kRadixBins) shared.histograms.high[thread] = 0;
   if (thread <= kSpillBin) shared.histograms.low[thread] = 0;
   const uint16_t* row_scores = static_cast<const uint16_t*>(problem.scores) + row * problem.width;
-  const int slice_elems = SliceElems<kElemsPerThread, kParts>(length);
+  const int slice_elems = SliceElems<kElemsPerThread>(length);
   slice.active_pairs = slice_elems / 2;
-  slice.first_column =
-      (static_cast<int>(PartOfRow<kParts>()) * kThreadsPerRow + thread) * slice_elems;
+  slice.first_column = thread * slice_elems;
   const int valid_elems = max(0, min(length - slice.first_column, slice_elems));
   LoadSlice<Scores, kElemsPerThread>(row_scores, slice.first_column,
                                      slice.first_column + valid_elems, slice.pairs);
@@ -445,7 +381,7 @@ __device__ __forceinline__ void LoadRow(Shared& shared, const TopkProblem& probl
 // Phase 2, the high byte: a histogram of the raw high bytes and one warp's walk of it in value
 // order find the bin of the k-th largest value. Returns the row's candidates (valid scores);
 // shared.high_bin and shared.above_high_bin hold the bin. Every thread calls it; two barriers.
-template <typename Scores, int kElemsPerThread, int kParts, typename Shared>
+template <typename Scores, int kElemsPerThread, typename Shared>
 __device__ __forceinline__ int FindHighBin(Shared& shared,
                                            const RowSlice<Scores, kElemsPerThread>& slice,
                                            int length, int k) {
@@ -465,11 +401,6 @@ __device__ __forceinline__ int FindHighBin(Shared& shared,
     }
   }
   __syncthreads();
-  if constexpr (kParts > 1) {  // every block walks the cluster's sums
-    ClusterExchange<kParts>& cluster = ClusterState<kParts>();
-    SumOverCluster<kParts>(high_histogram, cluster.high, cluster.high_landed);
-    __syncthreads();
-  }
   StampPhase(kHighCounted);
   if ((threadIdx.x >> 5) == 0) {
     // Lanes 0-15 walk the positive half (raw 127 down to 0), lanes 16-31 the negative half
@@ -493,7 +424,7 @@ struct Pivot {
 // under the pivot's high byte (one warp walks it) settles the pivot exactly. With no more than k,
 // pivot = -inf and an unbounded quota take exactly the valid columns. Every thread calls it with
 // block-uniform `candidates`; two barriers when it refines.
-template <typename Scores, int kElemsPerThread, int kParts, typename Shared>
+template <typename Scores, int kElemsPerThread, typename Shared>
 __device__ __forceinline__ Pivot RefinePivot(Shared& shared,
                                              const RowSlice<Scores, kElemsPerThread>& slice,
                                              int length, int k, int candidates) {
@@ -526,11 +457,6 @@ __device__ __forceinline__ Pivot RefinePivot(Shared& shared,
       }
     }
     __syncthreads();
-    if constexpr (kParts > 1) {  // every block walks the cluster's sums
-      ClusterExchange<kParts>& cluster = ClusterState<kParts>();
-      SumOverCluster<kParts>(low_histogram, cluster.low, cluster.low_landed);
-      __syncthreads();
-    }
     StampPhase(kLowCounted);
     if ((threadIdx.x >> 5) == 0) {
       // Under a positive high byte larger raw low bytes are larger values; under a negative one,
@@ -553,15 +479,12 @@ __device__ __forceinline__ Pivot RefinePivot(Shared& shared,
 struct Taken {
   uint32_t bits;
   int position;
-  int block_first;  // the block's first output slot (0 for a block a row)
-  int block_taken;  // the block's winners (kParts > 1 only)
 };
 
 // Phase 4, select with the equal quota: (greater, equal) flags against the pivot, and one block
 // scan of their counts gives each thread its first output slot and its share of the equal quota
-// (the lowest columns first); a row over a cluster adds the counts of the blocks before this one
-// (pushed into every block). Every thread calls it; one barrier.
-template <typename Scores, int kElemsPerThread, int kParts, typename Shared>
+// (the lowest columns first). Every thread calls it; one barrier.
+template <typename Scores, int kElemsPerThread, typename Shared>
 __device__ __forceinline__ Taken TakeWinners(Shared& shared,
                                              const RowSlice<Scores, kElemsPerThread>& slice,
                                              const Pivot& pivot) {
@@ -604,37 +527,8 @@ __device__ __forceinline__ Taken TakeWinners(Shared& shared,
   if (lane == 31) shared.warp_counts[warp] = inclusive;
   __syncthreads();
   const int lower_warp_count = lane < warp ? shared.warp_counts[lane] : 0;
-  int before =
+  const int before =
       static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, lower_warp_count)) + inclusive - packed;
-  int block_first = 0;
-  int block_taken = 0;
-  if constexpr (kParts > 1) {
-    // The block's packed total into slot `rank` of every block; the blocks before this one hold
-    // the lower columns. Sums of <= kMaxBf16Width per half: no carry between the halves.
-    ClusterExchange<kParts>& cluster = ClusterState<kParts>();
-    const uint32_t rank = PartOfRow<kParts>();
-    const int block_total = static_cast<int>(
-        __reduce_add_sync(0xFFFFFFFFu, lane < kWarpsPerRow ? shared.warp_counts[lane] : 0));
-    if (threadIdx.x == 0) {
-      const uint32_t slot = SharedAddress(&cluster.counts[rank]);
-      const uint32_t barrier = SharedAddress(&cluster.counts_landed);
-#pragma unroll
-      for (int to = 0; to < kParts; ++to) {
-        PushWord(MapToBlock(slot, to), MapToBlock(barrier, to), static_cast<uint32_t>(block_total));
-      }
-    }
-    MbarrierWaitFirstPhase(&cluster.counts_landed);
-    int part_before = 0;
-#pragma unroll
-    for (int from = 0; from < kParts; ++from) {
-      if (from < static_cast<int>(rank)) part_before += static_cast<int>(cluster.counts[from]);
-    }
-    before += part_before;
-    const int part_equal_before = part_before & 0xFFFF;
-    block_first = (part_before >> 16) + min(part_equal_before, pivot.quota);
-    block_taken =
-        (block_total >> 16) + max(0, min(block_total & 0xFFFF, pivot.quota - part_equal_before));
-  }
   const int greater_before = before >> 16;
   const int equal_before = before & 0xFFFF;
   const int position = greater_before + min(equal_before, pivot.quota);
@@ -644,7 +538,7 @@ __device__ __forceinline__ Taken TakeWinners(Shared& shared,
   if (equal_to_take > 0 && equal_to_take < equal_count) {
     take_bits |= LowestSetBits(ColumnOrder(equal_bits), equal_to_take);
   }
-  return {take_bits, position, block_first, block_taken};
+  return {take_bits, position};
 }
 
 // Phase 5's order for sorted rows of one winner a thread whose keys span fewer than kRankBins
@@ -723,9 +617,8 @@ __device__ __forceinline__ void RankByKeyCounts(Shared& shared, uint32_t key_max
 // (with their keys for sorted=true, which adds a stable block radix sort, and for the values),
 // then stored to the row's k slots, page-transformed and coalesced, padded with kEmptySlot; each
 // value (its key turned back into bits, so before the page transform) beside its index, -inf
-// beside kEmptySlot. Every thread calls it. A row over a cluster (unsorted only): each block
-// stages its own winners and stores them from its first slot on; the blocks share the padding.
-template <typename Scores, int kElemsPerThread, int kParts, typename Shared>
+// beside kEmptySlot. Every thread calls it.
+template <typename Scores, int kElemsPerThread, typename Shared>
 __device__ __forceinline__ void StoreWinners(Shared& shared,
                                              const RowSlice<Scores, kElemsPerThread>& slice,
                                              Taken taken, const TopkProblem& problem, int64_t row,
@@ -736,9 +629,8 @@ __device__ __forceinline__ void StoreWinners(Shared& shared,
   const int thread = threadIdx.x;
   const int k = problem.k;
   const int first_column = slice.first_column;
-  static_assert(kParts == 1 || !Shared::kSorted, "a row over a cluster is stored unsorted");
   uint32_t take_bits = taken.bits;
-  int position = taken.position - taken.block_first;  // in this block's staged winners
+  int position = taken.position;
   if constexpr (!Shared::kStagesKeys) {
     for (; take_bits != 0; take_bits &= take_bits - 1) {
       shared.staged.columns[position++] = first_column + __ffs(take_bits) - 1;
@@ -775,21 +667,7 @@ __device__ __forceinline__ void StoreWinners(Shared& shared,
   __syncthreads();
 
   const int32_t* table_row = PageTableRow(problem, row);
-  if constexpr (kParts > 1) {
-    for (int i = thread; i < taken.block_taken; i += kThreadsPerRow) {
-      const int slot = taken.block_first + i;
-      row_out[slot] = PageTransform(shared.staged.columns[i], table_row, problem.log2_page_size);
-      if constexpr (Shared::kWithValues) {
-        row_values[slot] = BitsFromOrderedKeyBf16(shared.staged.keys[i]);
-      }
-    }
-    constexpr int kClusterThreads = kThreadsPerRow * kParts;
-    const int first_pad = selected + static_cast<int>(PartOfRow<kParts>()) * kThreadsPerRow;
-    for (int slot = first_pad + thread; slot < k; slot += kClusterThreads) {
-      row_out[slot] = kEmptySlot;
-      if constexpr (Shared::kWithValues) row_values[slot] = Scores::kNegInfBits;
-    }
-  } else if constexpr (!Shared::kSorted) {
+  if constexpr (!Shared::kSorted) {
     for (int slot = thread; slot < k; slot += kThreadsPerRow) {
       const bool filled_slot = slot < selected;
       row_out[slot] = filled_slot ? PageTransform(shared.staged.columns[slot], table_row,
@@ -840,53 +718,23 @@ __device__ __forceinline__ void StoreWinners(Shared& shared,
   }
 }
 
-// The cluster barrier that makes every block's mbarriers initialised before any push: arrived
-// at before the loads, waited for before the first push (its latency behind the loads).
-__device__ __forceinline__ void ClusterArrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ClusterWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// One row a block, or a cluster of kParts blocks: the five phases above, in order. kWithValues:
-// problem.values is written (a template flag, so the indices-only kernels keep their code and
-// shared memory).
-template <typename Scores, int kElemsPerThread, int kSortItemsPerThread, bool kWithValues,
-          int kParts>
+// One row a block: the five phases above, in order. kWithValues: problem.values is written (a
+// template flag, so the indices-only kernels keep their code and shared memory).
+template <typename Scores, int kElemsPerThread, int kSortItemsPerThread, bool kWithValues>
 __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerThread>())
     TopkBf16Kernel(const TopkProblem problem, const bool may_rank_by_count) {
   __shared__ RowShared<kSortItemsPerThread, kWithValues> shared;
   StampPhase(kEntered);
-  const int64_t row = blockIdx.x / kParts;
+  const int64_t row = blockIdx.x;
   const int k = problem.k;
   int32_t* row_out = problem.out + row * k;
   uint16_t* row_values = kWithValues ? static_cast<uint16_t*>(problem.values) + row * k : nullptr;
   if (!RowIsValid(row, problem.num_valid_rows, problem.rows_per_group)) {
-    // The same for every block of a cluster: no exchange waits for it.
-    const int first = static_cast<int>(PartOfRow<kParts>()) * kThreadsPerRow;
-    for (int slot = first + threadIdx.x; slot < k; slot += kThreadsPerRow * kParts) {
+    for (int slot = threadIdx.x; slot < k; slot += kThreadsPerRow) {
       row_out[slot] = kEmptySlot;
       if constexpr (kWithValues) row_values[slot] = Scores::kNegInfBits;
     }
     return;
-  }
-  if constexpr (kParts > 1) {
-    ClusterExchange<kParts>& cluster = ClusterState<kParts>();
-    if (threadIdx.x == 0) {  // each mbarrier armed once with the bytes of its one exchange
-      MbarrierInit(&cluster.high_landed, 1);
-      MbarrierInit(&cluster.low_landed, 1);
-      MbarrierInit(&cluster.counts_landed, 1);
-      FenceMbarrierInit();
-      MbarrierExpectBytes(&cluster.high_landed, sizeof(cluster.high));
-      MbarrierExpectBytes(&cluster.low_landed, sizeof(cluster.low));
-      MbarrierExpectBytes(&cluster.counts_landed, sizeof(cluster.counts));
-    }
-    ClusterArrive();
   }
   const int length =
       static_cast<int>(problem.lengths != nullptr ? ClampLength(problem.lengths[row], problem.width)
@@ -896,20 +744,15 @@ __global__ void __launch_bounds__(kThreadsPerRow, MinBlocksPerSm<kSortItemsPerTh
     shared.winners_key_min = 0xFFFFu;
   }
   RowSlice<Scores, kElemsPerThread> slice;
-  LoadRow<Scores, kElemsPerThread, kParts>(shared, problem, row, length, slice);
+  LoadRow(shared, problem, row, length, slice);
   StampPhase(kLoaded);
-  if constexpr (kParts > 1) ClusterWait();
-  const int candidates = FindHighBin<Scores, kElemsPerThread, kParts>(shared, slice, length, k);
-  const Pivot pivot =
-      RefinePivot<Scores, kElemsPerThread, kParts>(shared, slice, length, k, candidates);
-  const Taken taken = TakeWinners<Scores, kElemsPerThread, kParts>(shared, slice, pivot);
+  const int candidates = FindHighBin(shared, slice, length, k);
+  const Pivot pivot = RefinePivot(shared, slice, length, k, candidates);
+  const Taken taken = TakeWinners(shared, slice, pivot);
   StampPhase(kTaken);
-  StoreWinners<Scores, kElemsPerThread, kParts>(shared, slice, taken, problem, row, row_out,
-                                                row_values, candidates < k ? candidates : k,
-                                                may_rank_by_count);
+  StoreWinners(shared, slice, taken, problem, row, row_out, row_values,
+               candidates < k ? candidates : k, may_rank_by_count);
   StampPhase(kStored);
-  // No cluster barrier at the end: every push into a block belongs to an exchange that block
-  // waited for before it got here.
 }
 
 template <typename Scores, int kElemsPerThread, int kSortItemsPerThread>
@@ -921,73 +764,12 @@ void LaunchKernel(const TopkProblem& problem, cudaStream_t stream) {
   const char* const sort_mode = std::getenv("JAX_TOPK_BF16_SORT");
   const bool may_rank_by_count = sort_mode == nullptr || std::strcmp(sort_mode, "radix") != 0;
   if (problem.values != nullptr) {
-    TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, true, 1>
+    TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, true>
         <<<grid, block, 0, stream>>>(problem, may_rank_by_count);
   } else {
-    TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, false, 1>
+    TopkBf16Kernel<Scores, kElemsPerThread, kSortItemsPerThread, false>
         <<<grid, block, 0, stream>>>(problem, may_rank_by_count);
   }
-}
-
-// A row over a cluster of kParts blocks (unsorted): rows * kParts blocks, clusters of kParts.
-template <typename Scores, int kElemsPerThread, int kParts>
-cudaError_t LaunchClusterKernel(const TopkProblem& problem, cudaStream_t stream) {
-  // No shared memory padding to keep a cluster's blocks on distinct SMs: it changed nothing on
-  // one row and made 32 rows 1.6x slower (benches/NOTES.md "topk_bf16: a row over a cluster").
-  const auto kernel = problem.values != nullptr
-                          ? TopkBf16Kernel<Scores, kElemsPerThread, 0, true, kParts>
-                          : TopkBf16Kernel<Scores, kElemsPerThread, 0, false, kParts>;
-  cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config =
-      ClusterLaunchConfig(problem.rows * kParts, kParts, kThreadsPerRow, 0, stream, attribute);
-  const bool may_rank_by_count = true;  // unsorted: unused
-  return cudaLaunchKernelEx(&config, kernel, problem, may_rank_by_count);
-}
-
-// The narrowest slice that covers the row over kParts blocks.
-template <typename Scores, int kParts>
-cudaError_t LaunchClusterForScores(const TopkProblem& problem, cudaStream_t stream) {
-  if (problem.width <= kThreadsPerRow * kParts * 8)
-    return LaunchClusterKernel<Scores, 8, kParts>(problem, stream);
-  return LaunchClusterKernel<Scores, 16, kParts>(problem, stream);
-}
-
-// Blocks a row: a cluster of 4 for one unsorted row of more than 8192 columns on a device with
-// clusters (sm_90), else 1. Measured on an H100 (benches/NOTES.md "topk_bf16: a row over a
-// cluster"): 1 x 16384 k = 512 4.90 -> 4.53 us on 4 blocks, no faster on 2; 32 rows and more
-// slower (5.20 -> 5.54 at 32 rows). JAX_TOPK_BF16_CLUSTER=off / 2 / 4 (read at each launch)
-// forces one or the other where the cluster kernels can take the call, for benchmarks and
-// tests; a build may set the parts of every such call with -DJAX_TOPK_BF16_PARTS=n (the
-// variant probe).
-int PartsFor(const TopkProblem& problem) {
-  if (problem.sorted || problem.rows > INT32_MAX / kMaxParts ||
-      problem.width > int64_t{kThreadsPerRow} * 16 * 2) {
-    return 1;
-  }
-#ifdef JAX_TOPK_BF16_PARTS
-  int parts = JAX_TOPK_BF16_PARTS;
-#else
-  int parts = problem.rows == 1 && problem.width > int64_t{kThreadsPerRow} * 16 ? 4 : 1;
-#endif
-  const char* const mode = std::getenv("JAX_TOPK_BF16_CLUSTER");
-  if (mode != nullptr) parts = std::strcmp(mode, "off") == 0 ? 1 : std::atoi(mode);
-  if (parts != 2 && parts != 4) return 1;
-  // Clusters need sm_90, and kernels built for it (a build for older devices has no pushes).
-  static const bool clusters = [] {
-    int device = 0;
-    int major = 0;
-    cudaFuncAttributes attributes{};
-    const bool ok =
-        cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-        major >= 9 &&
-        cudaFuncGetAttributes(&attributes, TopkBf16Kernel<Bf16Scores, 8, 0, false, 2>) ==
-            cudaSuccess &&
-        attributes.binaryVersion >= 90;
-    cudaGetLastError();
-    return ok;
-  }();
-  return clusters ? parts : 1;
 }
 
 // The sort's items per thread: none unsorted, else the fewest that hold k.
@@ -1009,14 +791,6 @@ cudaError_t LaunchForSliceSize(const TopkProblem& problem, cudaStream_t stream) 
 // The narrowest slice that covers the row: short rows hold fewer registers.
 template <typename Scores>
 cudaError_t LaunchForScores(const TopkProblem& problem, cudaStream_t stream) {
-  switch (PartsFor(problem)) {
-    case 2:
-      return LaunchClusterForScores<Scores, 2>(problem, stream);
-    case 4:
-      return LaunchClusterForScores<Scores, 4>(problem, stream);
-    default:
-      break;
-  }
   if (problem.width <= kThreadsPerRow * 8) return LaunchForSliceSize<Scores, 8>(problem, stream);
   if (problem.width <= kThreadsPerRow * 16) return LaunchForSliceSize<Scores, 16>(problem, stream);
   return LaunchForSliceSize<Scores, kMaxElemsPerThread>(problem, stream);
