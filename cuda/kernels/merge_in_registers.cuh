@@ -71,6 +71,14 @@ template <int kChunks>
 constexpr int kBlocksPerSmOf = kChunks < kWideChunks ? 2 : 1;
 template <int kChunks>
 constexpr bool kStagesRowsOf = kBlocksPerSmOf<kChunks> == 1;
+// Whether this compilation has the copy engine's bulk copies (sm_90): code built for an older
+// target (run on an older device, or JIT-compiled from older PTX on a newer one) never takes
+// the staged path, whose copies would compile to nothing there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kHasBulkCopies = false;
+#else
+constexpr bool kHasBulkCopies = true;
+#endif
 constexpr int kDigitBits = 11;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerThread = kBins / kThreads;
@@ -782,7 +790,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSmOf<kChunks>)
   constexpr int kRotation = kRotationOf<kChunks>;
   const bool sorted = !kFlagWinners && sorted_output;
   const bool vector_loads = options.vector_loads, sampled = options.sampled, fine = options.fine;
-  const bool staged = options.staged;
+  const bool staged = kHasBulkCopies && options.staged;
   const int probe_stop = kProbe ? options.probe_stop : 0;
   // Each row the block takes is copied in, unless the probe times the work alone.
   const bool restage = !(kProbe && options.probe_no_copy);

@@ -274,8 +274,8 @@ bool NarrowInstanceChosen() {
 // Rows of m <= merge_registers::kMaxWidth: a persistent grid of kBlocksPerSmOf blocks an SM
 // (the kernel's registers allow no more), each pulling a row ahead into L2 and, for the wide
 // instance where the row's two parts are 16-byte multiples at 16-byte addresses, the next row
-// into shared memory by bulk copies while it works on this one. The narrow instances stage
-// nothing (kStagesRowsOf).
+// into shared memory by bulk copies while it works on this one (sm_90 only). The narrow
+// instances stage nothing (kStagesRowsOf).
 template <typename Values, int kChunks>
 cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   using Bits = typename Values::Bits;
@@ -285,13 +285,19 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   const auto kernel = flag_winners
                           ? merge_registers::MergeInRegistersKernel<Values, true, kChunks>
                           : merge_registers::MergeInRegistersKernel<Values, false, kChunks>;
-  static std::atomic<uint64_t> allowed[2] = {0, 0};
-  cudaError_t status = AllowSharedOnce(
-      kernel, merge_registers::SharedBytes<Bits>(kStages, merge_registers::kWidthOf<kChunks>),
-      allowed[flag_winners]);
-  if (status != cudaSuccess) return status;
   int device = 0;
-  status = cudaGetDevice(&device);
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  // Staged rows need sm_90's bulk copies, and their shared memory (up to 224 KB a block) more
+  // than an sm_80 block may have: older devices read every row from global memory.
+  int major = 0;
+  status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (status != cudaSuccess) return status;
+  const bool stages = kStages && major >= 9;
+  static std::atomic<uint64_t> allowed[2] = {0, 0};
+  status = AllowSharedOnce(
+      kernel, merge_registers::SharedBytes<Bits>(stages, merge_registers::kWidthOf<kChunks>),
+      allowed[flag_winners]);
   if (status != cudaSuccess) return status;
   int sms = 0;
   status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -301,7 +307,7 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   const bool vector_loads = p.width % merge_registers::kChunk == 0 &&
                             reinterpret_cast<uintptr_t>(p.values) % (4 * sizeof(Bits)) == 0 &&
                             reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
-  const bool staged = kStages && variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
+  const bool staged = stages && variant.staged && (p.width * sizeof(Bits)) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.values) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.indices) % 16 == 0;
   const size_t shared_bytes = merge_registers::SharedBytes<Bits>(staged, p.width);
