@@ -126,14 +126,16 @@ int main() {
       {32, 16384, 512, 12345, false, 4},
       {32, 16384, 512, 16000, false},
       {128, 16384, 512, 2000, false},
-      // Few rows (benches/NOTES.md "topk_bf16: a row over a cluster": one row on four blocks).
+      // Few rows and short rows in a wide array: the shapes that decided benches/NOTES.md
+      // "topk_bf16: a row over a cluster" (its patch, bf16_cluster.patch, split them over
+      // clusters; the kernel here takes each row on one block).
       {2, 16384, 512, 16384, false},
       {4, 16384, 512, 16384, false},
       {8, 16384, 512, 16384, false},
       {16, 16384, 512, 16384, false},
       {1, 12000, 512, 12000, false},
       {1, 9000, 512, 9000, false},
-      {1, 16384, 512, 9000, false},  // a short row in a wide array: block 0 alone
+      {1, 16384, 512, 9000, false},
       {4, 16384, 512, 300, false},
   };
   cudaStream_t stream;

@@ -288,12 +288,18 @@ cudaError_t LaunchInRegisters(const MergeProblem& p, cudaStream_t stream) {
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
-  // Staged rows need sm_90's bulk copies, and their shared memory (up to 224 KB a block) more
-  // than an sm_80 block may have: older devices read every row from global memory.
+  // Staged rows need sm_90's bulk copies and a block of up to 224 KB of shared memory (more
+  // than sm_80's or sm_120's blocks may have): other devices read every row from global memory.
   int major = 0;
+  int per_block = 0;
   status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (status != cudaSuccess) return status;
-  const bool stages = kStages && major >= 9;
+  status = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (status != cudaSuccess) return status;
+  const bool stages =
+      kStages && major >= 9 &&
+      static_cast<size_t>(per_block) >=
+          merge_registers::SharedBytes<Bits>(true, merge_registers::kWidthOf<kChunks>);
   static std::atomic<uint64_t> allowed[2] = {0, 0};
   status = AllowSharedOnce(
       kernel, merge_registers::SharedBytes<Bits>(stages, merge_registers::kWidthOf<kChunks>),
