@@ -394,7 +394,8 @@ __device__ __forceinline__ void GatherCandidates(ClusterShared& s, const RowKeys
 // to this block, found over the cluster. Every thread of every block of the cluster calls it,
 // after arriving at the cluster barrier that follows ArmReceivers; two pushes a digit. Returns
 // the row's real keys in `valid`. Compiled for sm_90 on only (cooperative_groups has no
-// cluster_group below it; the kernel's body is empty there and the host never launches it).
+// cluster_group below it; the kernel's body is empty there, and ComputePlan, which asks each
+// kernel what its code was compiled for, never launches it).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <int kElems>
 __device__ __forceinline__ Pivot FindClusterPivot(ClusterShared& s,
@@ -690,6 +691,10 @@ DevicePlan ComputePlan(int device) {
         if (kernel != nullptr) kernels[kernel_count++] = kernel;
       }
     }
+  }
+  // A build for older targets only, JIT-compiled here, has empty kernels: no plan.
+  for (int i = 0; i < kernel_count; ++i) {
+    if (!KernelHasClusterCode(kernels[i])) return {};
   }
   bool non_portable = true;
   for (int i = 0; i < kernel_count; ++i) {

@@ -19,8 +19,8 @@
 namespace jax_topk {
 namespace {
 
-// Thread block clusters need sm_90: for older targets the split kernel compiles empty and the
-// host never launches it there (MaxSplitParts).
+// Thread block clusters need sm_90: for older targets the split kernel compiles empty, and the
+// host, which asks the kernel what its code was compiled for, never launches it (MaxSplitParts).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define JAX_TOPK_HAS_CLUSTERS 1
 #else

@@ -120,15 +120,16 @@ int ResidentClusters(const void* split_kernel, int device, int parts, bool sprea
 }
 
 // The most parts a split row may have on `device`: 1 (no split mode) before sm_90, whose thread
-// block clusters it needs; the portable cluster size where the non-portable one is refused.
-// Per kernel: the non-portable size is a kernel's own attribute.
+// block clusters it needs, and where the split kernel's code was compiled for an older target
+// (its body is empty); the portable cluster size where the non-portable one is refused. Per
+// kernel: the non-portable size is a kernel's own attribute.
 template <class Elements>
 int MaxSplitParts(const void* split_kernel, int device) {
   static int cache[kMaxCachedDevices] = {};
   return CachedPerDevice(cache, device, [&] {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        major < 9) {
+        major < 9 || !KernelHasClusterCode(split_kernel)) {
       return 1;
     }
     if (cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
