@@ -2,8 +2,8 @@
 // 512-thread block per row.
 // 1. Each candidate becomes a 64-bit rank key R = ordered key << 32 | ~column (larger R ranks
 //    first: higher value, then lower column); R = 0 marks an entry that is no candidate (column
-//    < 0 or NaN: every other ordered key is > 0). Rows of m <= kMaxStagedWidth keep R in shared
-//    memory, so the row is read from HBM once; longer rows recompute R from global each pass.
+//    < 0 or NaN: every other ordered key is > 0). R is recomputed from global memory each pass
+//    (the row's 128+ KiB of keys would not fit shared memory; L2 holds the rows in flight).
 // 2. Radix select on R, 8 bits a digit from the top (the 16 zero bits of 16-bit keys skipped):
 //    a shared histogram of the keys sharing the decided prefix, a warp scan from the top bin
 //    finds the digit of the k-th largest. It stops as soon as the boundary bin holds exactly the
@@ -11,7 +11,9 @@
 // 3. Keys above the prefix, and the needed ones equal to it (after all 8 digits those are equal
 //    (value, column) pairs, so which are taken cannot show), go to a shared list; one
 //    cub::BlockRadixSort orders it (R descending, or column then key) and one pass writes it.
-// Traffic: m x (value + 4 bytes) read once a row, k x (value + 4) written. Limits: merge_cuda.h.
+// Traffic: m x (value + 4 bytes) read by each pass over the row (the count, a digit's
+// histogram, the winners; from L2 where it holds the row), k x (value + 4) written. Limits:
+// merge_cuda.h.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,7 +37,6 @@ constexpr int kSortItemsPerThread = kMaxK / kThreadsPerBlock;
 constexpr int kDigitBits = 8;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / kWarpSize;
-constexpr int64_t kMaxStagedWidth = 16384;  // 128 KiB of rank keys in shared memory
 static_assert(kSortItemsPerThread * kThreadsPerBlock == kMaxK, "the sort holds k <= kMaxK");
 
 // The first digit of R worth visiting: 16-bit keys leave bits 48..63 zero.
@@ -51,7 +52,7 @@ __device__ __forceinline__ uint64_t RankKey(const typename Values::Bits* values,
   return (static_cast<uint64_t>(Values::Key(bits)) << 32) | static_cast<uint32_t>(~column);
 }
 
-// The block's shared state besides the staged keys (dynamic shared memory).
+// The block's shared state.
 struct MergeShared {
   using Sort = cub::BlockRadixSort<uint64_t, kThreadsPerBlock, kSortItemsPerThread>;
   union {
@@ -106,17 +107,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     MergeTopkKernel(const typename Values::Bits* values, const int32_t* indices, int64_t width,
                     int32_t k, bool sorted, typename Values::Bits* out_values,
                     int32_t* out_indices) {
-  extern __shared__ uint64_t staged[];  // [width] when width <= kMaxStagedWidth
   __shared__ MergeShared shared;
   const int64_t row = blockIdx.x;
-  const bool is_staged = width <= kMaxStagedWidth;
   values += row * width;
   indices += row * width;
-  auto rank_key = [&](int64_t j) {
-    return is_staged ? staged[j] : RankKey<Values>(values, indices, j);
-  };
+  auto rank_key = [&](int64_t j) { return RankKey<Values>(values, indices, j); };
 
-  // 1. The rank keys, staged; the number of candidates.
+  // 1. The number of candidates.
   if (threadIdx.x == 0) {
     shared.candidates = 0;
     shared.prefix = 0;
@@ -129,9 +126,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   __syncthreads();
   int32_t my_candidates = 0;
   for (int64_t j = threadIdx.x; j < width; j += kThreadsPerBlock) {
-    const uint64_t key = RankKey<Values>(values, indices, j);
-    if (is_staged) staged[j] = key;
-    my_candidates += key != 0;
+    my_candidates += rank_key(j) != 0;
   }
   atomicAdd(&shared.candidates, my_candidates);
   __syncthreads();
@@ -335,15 +330,10 @@ cudaError_t Launch(const MergeProblem& p, cudaStream_t stream) {
   }
   if (p.width <= merge_registers::kMaxWidth)
     return LaunchInRegisters<Values, merge_registers::kWideChunks>(p, stream);
-  const size_t staged_bytes = p.width <= kMaxStagedWidth ? p.width * sizeof(uint64_t) : 0;
   // A block a row: rows beyond the grid's x extent (unreachable in memory: 2^31 rows of more
   // than 16384 candidates) are refused; the persistent kernel above takes any row count.
   if (p.rows > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  const auto kernel = MergeTopkKernel<Values>;
-  static std::atomic<uint64_t> allowed{0};
-  cudaError_t status = AllowSharedOnce(kernel, kMaxStagedWidth * sizeof(uint64_t), allowed);
-  if (status != cudaSuccess) return status;
-  kernel<<<static_cast<unsigned>(p.rows), kThreadsPerBlock, staged_bytes, stream>>>(
+  MergeTopkKernel<Values><<<static_cast<unsigned>(p.rows), kThreadsPerBlock, 0, stream>>>(
       static_cast<const typename Values::Bits*>(p.values), p.indices, p.width, p.k, p.sorted,
       static_cast<typename Values::Bits*>(p.out_values), p.out_indices);
   return cudaGetLastError();
