@@ -29,7 +29,7 @@ inline cudaLaunchConfig_t ClusterLaunchConfig(int64_t grid, int parts, int threa
 }
 
 // Whether `kernel`, as the current device would run it, was compiled for sm_90 or later: cluster
-// kernels compile to an empty body for older targets, and a compute capability 9 device runs
+// kernels compile to an empty body for older targets, and a device of compute capability 9+ runs
 // such code when the build named only older targets (the driver JIT-compiles their PTX). The
 // device's compute capability alone would then launch kernels that write nothing. ptxVersion is
 // the virtual architecture the code came from (90 for sm_90a SASS; 80 for code JIT-compiled from

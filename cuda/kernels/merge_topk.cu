@@ -2,8 +2,8 @@
 // 512-thread block per row.
 // 1. Each candidate becomes a 64-bit rank key R = ordered key << 32 | ~column (larger R ranks
 //    first: higher value, then lower column); R = 0 marks an entry that is no candidate (column
-//    < 0 or NaN: every other ordered key is > 0). R is recomputed from global memory each pass
-//    (the row's 128+ KiB of keys would not fit shared memory; L2 holds the rows in flight).
+//    < 0 or NaN: every other ordered key is > 0). R is recomputed from global memory each pass:
+//    a row's keys (128 KiB to 1 MiB) do not fit the shared memory of every block we run on.
 // 2. Radix select on R, 8 bits a digit from the top (the 16 zero bits of 16-bit keys skipped):
 //    a shared histogram of the keys sharing the decided prefix, a warp scan from the top bin
 //    finds the digit of the k-th largest. It stops as soon as the boundary bin holds exactly the
