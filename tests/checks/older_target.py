@@ -15,6 +15,7 @@ import numpy as np
 
 import jax_topk
 from tests.support import families
+from tests.support.bits import assert_same_bits
 from tests.support.indexer import logits_then_topk, make_inputs
 from tests.support.operators import device_for, run_op
 from tests.test_gpu_stress import sample_foolers
@@ -29,8 +30,8 @@ def _on(backend, fn, *arrays):
 
 def _same(fn, *arrays):
     gpu, cpu = _on("gpu", fn, *arrays), _on("cpu", fn, *arrays)
-    for g, c in zip(jax.tree.leaves(gpu), jax.tree.leaves(cpu)):
-        np.testing.assert_array_equal(g.view(np.uint8), c.view(np.uint8))
+    for g, c in zip(jax.tree.leaves(gpu), jax.tree.leaves(cpu), strict=True):
+        assert_same_bits(g, c)
 
 
 def _family_rows(rng, rows_each, n, dtype):
