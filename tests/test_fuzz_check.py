@@ -1,0 +1,49 @@
+"""The differential fuzzer (tests/checks/fuzz.py) on whatever backend is here: its cases agree
+(on a CPU-only machine the CPU handler against the NumPy contract), a case is a function of
+(seed, index), and a corrupted result is reported and written out."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from tests.checks import fuzz
+
+
+def test_fuzz_cases_agree():
+    lines = []
+    total, failures = fuzz.fuzz(float("inf"), 60, 20261206, None, log=lines.append)
+    assert total == 60, lines
+    assert not failures, "\n".join(lines)
+    assert {fuzz.make_case(20261206, i).op for i in range(60)} == set(fuzz.OP_WEIGHTS)
+
+
+def test_a_case_is_a_function_of_seed_and_index():
+    assert fuzz.make_case(5, 17) == fuzz.make_case(5, 17)
+    assert fuzz.make_case(5, 17) != fuzz.make_case(5, 18)
+    case = fuzz.make_case(5, 17)
+    first = fuzz.run_case(case, 5, "cpu")
+    again = fuzz.run_case(case, 5, "cpu")
+    for a, b in zip(first[0] + first[1], again[0] + again[1]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_difference_is_reported_and_written(monkeypatch, tmp_path):
+    real = fuzz.run_case
+
+    def corrupted(case, seed, backend):
+        actual, expected, arrays = real(case, seed, backend)
+        wrong = np.array(actual[-1])  # the indices (top_k and merge_topk: the second result)
+        wrong.reshape(-1)[-1] ^= 1  # one bit of the last index
+        return (*actual[:-1], wrong), expected, arrays
+
+    monkeypatch.setattr(fuzz, "run_case", corrupted)
+    lines = []
+    total, failures = fuzz.fuzz(float("inf"), 3, 7, tmp_path, log=lines.append)
+    assert total == 3 and len(failures) == 3
+    assert sum(line.startswith("MISMATCH") for line in lines) == 3
+    records = [json.loads(line) for line in (tmp_path / "failures.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    assert all("entries differ" in r["problem"] for r in records)
+    assert (tmp_path / "case-0.npz").exists()
