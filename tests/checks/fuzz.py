@@ -37,6 +37,7 @@ from tests.support import families  # noqa: E402
 from tests.support.indexer import make_inputs  # noqa: E402
 from tests.support.operators import device_for, gpu_devices  # noqa: E402
 from tests.support.reference import reference_topk  # noqa: E402
+from tests.test_gpu_stress import one_coarse_bin, sample_foolers, tied_group_rows  # noqa: E402
 
 DTYPES = {"float32": families.F32, "bfloat16": families.BF16, "float16": families.F16}
 # Widths on either side of the routes' limits: small rows (<= 1024), the register and argmax
@@ -60,6 +61,30 @@ SWITCHES = {
     "JAX_TOPK_BF16_SORT": ["radix"],
     "JAX_TOPK_MERGE_NARROW": ["off"],
     "JAX_TOPK_INDEXER_TOPK": ["fused", "unfused"],
+}
+# Rows built against a kernel's steps (tests/support/families.py, tests/test_gpu_stress.py): the
+# rows' width and k they need, and the maker (rng, rows, n, k, dtype).
+BUILT_ROWS = {
+    "kth_key_at_the_cutoff": (
+        lambda n, k: n > k + 6000,
+        families.kth_key_at_the_cutoff,
+    ),
+    "few_keys_over_a_span": (
+        lambda n, k: k >= 2048 and n >= 4 * k,
+        families.few_keys_over_a_span,
+    ),
+    "sample_foolers": (
+        lambda n, k: True,
+        lambda rng, rows, n, k, dtype: sample_foolers(rng, rows, n),
+    ),
+    "one_coarse_bin": (
+        lambda n, k: True,
+        lambda rng, rows, n, k, dtype: one_coarse_bin(rng, rows, n),
+    ),
+    "tied_group": (
+        lambda n, k: k > 16 and n >= k + 40,
+        lambda rng, rows, n, k, dtype: tied_group_rows(rng, rows, n, k, _pick(rng, [2, 32, 33])),
+    ),
 }
 OP_WEIGHTS = {"top_k": 4, "topk_filtered": 3, "topk_bf16": 2, "merge_topk": 2, "indexer_topk": 1}
 
@@ -120,7 +145,7 @@ def make_case(seed: int, index: int) -> Case:
     else:
         k = _pick(rng, KS) if rng.random() < 0.85 else int(rng.integers(1, 2049))
     lengths = _pick(rng, ["full", "edges", "causal", "random"] + ["none"] * (op == "top_k") * 2)
-    names = sorted(families.FAMILIES) + ["kth_key_at_the_cutoff", "few_keys_over_a_span"] * 2
+    names = sorted(families.FAMILIES) + sorted(BUILT_ROWS) * 2
     row_families = [_pick(rng, names) for _ in range(int(rng.integers(1, 5)))]
     switches = {}
     if rng.random() < 0.5:
@@ -156,14 +181,12 @@ def _scores(rng, case: Case) -> np.ndarray:
 
 
 def _family_rows(rng, case: Case, family: str, rows: int, dtype) -> np.ndarray:
-    shape = (rows, case.n)
-    if family == "kth_key_at_the_cutoff" and case.n > case.k + 6000:
-        return families.kth_key_at_the_cutoff(rng, rows, case.n, case.k, dtype)
-    if family == "few_keys_over_a_span" and case.k >= 2048 and case.n >= 4 * case.k:
-        return families.few_keys_over_a_span(rng, rows, case.n, case.k, dtype)
     if family in families.FAMILIES:
-        return families.make(family, rng, shape, dtype)
-    return families.make("heavy_ties", rng, shape, dtype)  # the row too short for its family
+        return families.make(family, rng, (rows, case.n), dtype)
+    fits, make = BUILT_ROWS[family]
+    if not fits(case.n, case.k):  # the row too short for its family
+        return families.make("heavy_ties", rng, (rows, case.n), dtype)
+    return np.asarray(make(rng, rows, case.n, case.k, dtype)).astype(dtype)
 
 
 def _lengths(rng, case: Case) -> np.ndarray | None:
