@@ -7,6 +7,11 @@ backends). Without a GPU the CPU handler is compared with the NumPy contract ins
 exercises the generator (tests/test_fuzz_check.py runs that way in CI).
 
     python -m tests.checks.fuzz [--seconds 240] [--cases N] [--seed S] [--case I] [--out DIR]
+                                [--max-elements E]
+
+Under compute-sanitizer (out-of-bounds accesses at random shapes), a small --max-elements keeps
+each case quick: `compute-sanitizer --error-exitcode 9 python -m tests.checks.fuzz
+--max-elements 100000`.
 
 A case is a function of (seed, index) alone: `--seed S --case I` replays one. Progress goes to
 stdout every 15 s; each mismatch is written to DIR/failures.jsonl with its case, and its arrays
@@ -126,7 +131,9 @@ def _width(rng, large: bool) -> int:
     return int(rng.integers(20001, 300000)) if large else int(rng.integers(1, 20001))
 
 
-def make_case(seed: int, index: int) -> Case:
+def make_case(seed: int, index: int, max_elements: int = MAX_ELEMENTS) -> Case:
+    """Case `index` of `seed`, its scores at most `max_elements` (a smaller bound shrinks the
+    widths and row counts drawn: the cases then differ from the default bound's)."""
     rng = np.random.default_rng([seed, index])
     ops = list(OP_WEIGHTS)
     weights = np.array([OP_WEIGHTS[o] for o in ops], float)
@@ -135,7 +142,8 @@ def make_case(seed: int, index: int) -> Case:
     large = op != "topk_bf16" and rng.random() < 0.3
     n = min(_width(rng, large), 16384) if op == "topk_bf16" else _width(rng, large)
     rows = _pick(rng, ROW_COUNTS)
-    rows = max(1, min(rows, MAX_ELEMENTS // n))
+    n = min(n, max_elements)
+    rows = max(1, min(rows, max_elements // n))
     if op == "top_k":
         k = _pick(rng, KS + [n, n - 1, 2049, 3000, 4096]) if rng.random() < 0.8 else None
         k = int(rng.integers(1, n + 1)) if k is None else k
@@ -373,7 +381,15 @@ def _first_difference(actual, expected) -> str:
     return ""
 
 
-def fuzz(seconds: float, cases: int | None, seed: int, out: Path | None, only=None, log=print):
+def fuzz(
+    seconds: float,
+    cases: int | None,
+    seed: int,
+    out: Path | None,
+    only=None,
+    log=print,
+    max_elements: int = MAX_ELEMENTS,
+):
     """Runs cases until `seconds` or `cases` run out; returns (cases run, failures)."""
     backend = "gpu" if gpu_devices() else "cpu"
     reference = "the CPU handler" if backend == "gpu" else "NumPy"
@@ -387,7 +403,7 @@ def fuzz(seconds: float, cases: int | None, seed: int, out: Path | None, only=No
             break
         if cases is not None and index >= cases or time.monotonic() - start > seconds:
             break
-        case = make_case(seed, index)
+        case = make_case(seed, index, max_elements)
         try:
             actual, expected, arrays = run_case(case, seed, backend)
             problem = _first_difference(actual, expected)
@@ -422,9 +438,17 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     parser.add_argument("--case", type=int, default=None, help="replay one case of the seed")
     parser.add_argument("--out", type=Path, default=None, help="where mismatches are written")
+    parser.add_argument(
+        "--max-elements",
+        type=int,
+        default=MAX_ELEMENTS,
+        help="a case's scores at most (small under compute-sanitizer; replay with the same)",
+    )
     args = parser.parse_args(argv)
-    _, failures = fuzz(args.seconds, args.cases, args.seed, args.out, args.case,
-                       lambda line: print(line, flush=True))  # fmt: skip
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    _, failures = fuzz(
+        args.seconds, args.cases, args.seed, args.out, args.case, log, args.max_elements
+    )
     return 1 if failures else 0
 
 
