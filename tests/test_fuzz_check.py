@@ -20,13 +20,23 @@ def test_fuzz_cases_agree():
 
 
 def test_a_case_is_a_function_of_seed_and_index():
+    """The same case and the same inputs, results and references on a second run, for a case
+    of each operator."""
     assert fuzz.make_case(5, 17) == fuzz.make_case(5, 17)
     assert fuzz.make_case(5, 17) != fuzz.make_case(5, 18)
-    case = fuzz.make_case(5, 17)
-    first = fuzz.run_case(case, 5, "cpu")
-    again = fuzz.run_case(case, 5, "cpu")
-    for a, b in zip(first[0] + first[1], again[0] + again[1]):
-        np.testing.assert_array_equal(a, b)
+    first_of_op = {}
+    for index in range(60):
+        first_of_op.setdefault(fuzz.make_case(5, index, 200_000).op, index)
+    assert set(first_of_op) == set(fuzz.OP_WEIGHTS)
+    for index in first_of_op.values():
+        case = fuzz.make_case(5, index, 200_000)
+        first = fuzz.run_case(case, 5, "cpu")
+        again = fuzz.run_case(case, 5, "cpu")
+        for a, b in zip(first[0] + first[1], again[0] + again[1]):
+            np.testing.assert_array_equal(a, b)
+        assert first[2].keys() == again[2].keys()
+        for name, array in first[2].items():
+            np.testing.assert_array_equal(array, again[2][name], err_msg=f"{case.label()} {name}")
 
 
 def test_a_difference_is_reported_and_written(monkeypatch, tmp_path):
@@ -46,4 +56,9 @@ def test_a_difference_is_reported_and_written(monkeypatch, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "failures.jsonl").read_text().splitlines()]
     assert [r["index"] for r in records] == [0, 1, 2]
     assert all("entries differ" in r["problem"] for r in records)
-    assert (tmp_path / "case-0.npz").exists()
+    assert (tmp_path / "case-7-0.npz").exists()
+    assert all(r["seed"] == 7 and r["max_elements"] == fuzz.MAX_ELEMENTS for r in records)
+
+
+def test_a_run_without_cases_fails():
+    assert fuzz.main(["--seconds", "0", "--seed", "3"]) == 1

@@ -1,21 +1,22 @@
 """Differential fuzzing of the kernels: random calls of every selecting operator, each row of
 its own adversarial value family, shapes and k near the dispatch boundaries, lengths at every
-edge, page tables and num_valid_rows, and the dispatch switches forced at random. Each GPU
-result is compared with the CPU handler's, bit for bit (indices and values); indexer_topk with
-topk_filtered of indexer_logits on the same backend (their logits are not bit-equal across
-backends). Without a GPU the CPU handler is compared with the NumPy contract instead, which
-exercises the generator (tests/test_fuzz_check.py runs that way in CI).
+edge, page tables and num_valid_rows, and the dispatch switches forced at random.
+
+On a GPU each result is compared with the CPU handler's, bit for bit (indices and values), except
+indexer_topk's, which is compared with topk_filtered of indexer_logits on the GPU itself (the
+logits of the two backends are not bit-equal: docs/contract.md section 9). Without a GPU the CPU
+handler is compared with the NumPy contract instead, which exercises the generator
+(tests/test_fuzz_check.py runs that way in CI).
 
     python -m tests.checks.fuzz [--seconds 240] [--cases N] [--seed S] [--case I] [--out DIR]
-                                [--max-elements E]
+                                [--max-elements E] [--require-gpu]
 
-Under compute-sanitizer (out-of-bounds accesses at random shapes), a small --max-elements keeps
-each case quick: `compute-sanitizer --error-exitcode 9 python -m tests.checks.fuzz
---max-elements 100000`.
-
-A case is a function of (seed, index) alone: `--seed S --case I` replays one. Progress goes to
-stdout every 15 s; each mismatch is written to DIR/failures.jsonl with its case, and its arrays
-to DIR/case-I.npz. Exit status 1 if any case differs.
+A case is a function of (seed, index, max elements) alone: `--seed S --case I` (with the same
+--max-elements) replays one. Under compute-sanitizer a small --max-elements keeps each case
+quick (`compute-sanitizer --error-exitcode 9 python -m tests.checks.fuzz --max-elements
+100000`). Progress goes to stdout every 15 s; each mismatch is appended to DIR/failures.jsonl
+with its case and its arrays written to DIR/case-S-I.npz. Exit status 1 if a case differs or
+none ran, 2 if --require-gpu finds no GPU.
 """
 
 from __future__ import annotations
@@ -30,32 +31,35 @@ import time
 import warnings
 from pathlib import Path
 
-# Forced dispatch switches are read by the handlers at each launch; a call replayed from a
-# captured command buffer would keep the switches of its capture.
-os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import jax_topk  # noqa: E402
-from tests.support import families  # noqa: E402
-from tests.support.indexer import make_inputs  # noqa: E402
-from tests.support.operators import device_for, gpu_devices  # noqa: E402
-from tests.support.reference import reference_topk  # noqa: E402
-from tests.test_gpu_stress import one_coarse_bin, sample_foolers, tied_group_rows  # noqa: E402
+import jax_topk
+from tests.support import families
+from tests.support.indexer import FP8, make_inputs
+from tests.support.operators import device_for, gpu_devices
+from tests.support.reference import reference_topk
+from tests.test_gpu_stress import one_coarse_bin, sample_foolers, tied_group_rows
+from tests.test_merge_topk import in_rank_order
+from tests.test_top_k import reference_top_k
 
 DTYPES = {"float32": families.F32, "bfloat16": families.BF16, "float16": families.F16}
-# Widths on either side of the routes' limits: small rows (<= 1024), the register and argmax
-# kernels (16384), the filtered kernel's shared candidates (8192), the cluster kernels'
+# Widths on either side of the routes' limits: small rows (<= 1024), the filtered kernel's
+# shared candidates (8192), the register and argmax kernels (16384), the cluster kernels'
 # registers (32768 to 262144), vocabulary rows.
 WIDTHS = [1, 2, 31, 33, 255, 256, 257, 1000, 1024, 1025, 2047, 2048, 2049, 4096, 4097, 8191,
           8192, 8193, 12345, 16383, 16384, 16385, 32767, 32768, 32769, 65536, 65537, 131072,
           152064, 196608, 262144, 262145]  # fmt: skip
 KS = [1, 2, 7, 8, 16, 17, 32, 33, 50, 64, 65, 256, 257, 512, 1024, 1500, 2047, 2048]
-ROW_COUNTS = [1, 2, 3, 4, 5, 8, 13, 31, 32, 33, 64, 100, 131, 132, 133, 200, 264, 265, 700]
-MAX_ELEMENTS = 6_000_000  # a case's scores (the CPU handler's time, the NumPy reference's)
+# Row counts around the SM counts (132 on an H100 / H200, two blocks each) and the small-row
+# routes' row thresholds (1024).
+ROW_COUNTS = [1, 2, 3, 4, 5, 8, 13, 31, 32, 33, 64, 100, 131, 132, 133, 200, 264, 265, 700,
+              1023, 1024, 1025, 2048]  # fmt: skip
+MAX_ELEMENTS = 6_000_000  # a case's scores by default (the NumPy reference's time)
+INDEXER_HEADS, INDEXER_DIM = 64, 128
 # Dispatch switches (read by the CUDA handlers at each launch), each with the values a case may
-# force; none of them changes a result, only the kernel that computes it.
+# force; none of them changes a result, only the kernel that computes it. A case compiles a
+# fresh executable and runs it once, inside its switches.
 SWITCHES = {
     "JAX_TOPK_F32_CLUSTER": ["off", "always"],
     "JAX_TOPK_FILTERED_SPLIT": ["off"],
@@ -67,35 +71,31 @@ SWITCHES = {
     "JAX_TOPK_MERGE_NARROW": ["off"],
     "JAX_TOPK_INDEXER_TOPK": ["fused", "unfused"],
 }
-# Rows built against a kernel's steps (tests/support/families.py, tests/test_gpu_stress.py): the
-# rows' width and k they need, and the maker (rng, rows, n, k, dtype).
+OP_WEIGHTS = {"top_k": 4, "topk_filtered": 3, "topk_bf16": 2, "merge_topk": 2, "indexer_topk": 1}
+# Rows built against a kernel's steps: whether a row of (n, k) holds the family, and its maker
+# (rng, rows, n, k, dtype). Float32 rows narrowed to a 16-bit type keep fewer distinct values
+# (one_coarse_bin's become a few bins of ties).
 BUILT_ROWS = {
-    "kth_key_at_the_cutoff": (
-        lambda n, k: n > k + 6000,
-        families.kth_key_at_the_cutoff,
-    ),
+    "kth_key_at_the_cutoff": (lambda n, k: n > k + 6000, families.kth_key_at_the_cutoff),
     "few_keys_over_a_span": (
-        lambda n, k: k >= 2048 and n >= 4 * k,
+        lambda n, k: k == 2048 and n >= 4 * k,
         families.few_keys_over_a_span,
     ),
-    "sample_foolers": (
-        lambda n, k: True,
-        lambda rng, rows, n, k, dtype: sample_foolers(rng, rows, n),
-    ),
-    "one_coarse_bin": (
-        lambda n, k: True,
-        lambda rng, rows, n, k, dtype: one_coarse_bin(rng, rows, n),
-    ),
+    "sample_foolers": (lambda n, k: True, lambda rng, rows, n, k, dt: sample_foolers(rng, rows, n)),
+    "one_coarse_bin": (lambda n, k: True, lambda rng, rows, n, k, dt: one_coarse_bin(rng, rows, n)),
     "tied_group": (
         lambda n, k: k > 16 and n >= k + 40,
-        lambda rng, rows, n, k, dtype: tied_group_rows(rng, rows, n, k, _pick(rng, [2, 32, 33])),
+        lambda rng, rows, n, k, dt: tied_group_rows(rng, rows, n, k, [2, 32, 33][rows % 3]),
     ),
 }
-OP_WEIGHTS = {"top_k": 4, "topk_filtered": 3, "topk_bf16": 2, "merge_topk": 2, "indexer_topk": 1}
+INDEXER_FAMILIES = ["normal", "repeated_keys", "zero_heads", "all_negative", "integers",
+                    "periodic", "random_bits"]  # fmt: skip
 
 
 @dataclasses.dataclass
 class Case:
+    """Every random choice of a case but its data (drawn from its own generator in run_case)."""
+
     index: int
     op: str
     dtype: str
@@ -103,20 +103,27 @@ class Case:
     n: int
     k: int
     sorted: bool
-    lengths: str  # "none" (top_k only), "full", "edges", "causal", "random"
-    families: list[str]  # a family for each block of rows
+    lengths_kind: str  # "none" (top_k only), "full", "edges", "causal", "random"
+    families: list[str]  # a family for each block of consecutive rows
     switches: dict[str, str]
-    paged: bool = False
-    num_valid_rows: int | None = None
+    paged: bool = False  # topk_bf16, topk_filtered, indexer_topk
+    num_valid_rows: int | None = None  # the same three
+    two_axes: bool = False  # top_k: the rows as a leading shape (2, rows / 2)
+    lists: int = 0  # merge_topk: candidate lists a row, each of per_list entries
+    per_list: int = 0
+    rank_order: bool = False  # merge_topk: each list as top_k(sorted=True) returns it
 
     def label(self) -> str:
-        env = " ".join(f"{k}={v}" for k, v in self.switches.items())
-        extra = " paged" * self.paged + (
-            f" valid={self.num_valid_rows}" if self.num_valid_rows is not None else ""
-        )
+        details = [f"lengths={self.lengths_kind}", "families=" + ",".join(self.families)]
+        details += ["paged"] * self.paged + ["two axes"] * self.two_axes
+        if self.num_valid_rows is not None:
+            details.append(f"valid={self.num_valid_rows}")
+        if self.op == "merge_topk":
+            details.append(f"{self.lists} lists of {self.per_list}" + " ranked" * self.rank_order)
+        details += [f"{name}={value}" for name, value in self.switches.items()]
         return (
             f"#{self.index} {self.op} {self.dtype} {self.rows}x{self.n} k={self.k} "
-            f"sorted={self.sorted} lengths={self.lengths}{extra} {env}".rstrip()
+            f"sorted={self.sorted} " + " ".join(details)
         )
 
 
@@ -126,54 +133,73 @@ def _pick(rng, options):
 
 def _width(rng, large: bool) -> int:
     if rng.random() < 0.6:
-        widths = [w for w in WIDTHS if (w > 20000) == large]
-        return _pick(rng, widths)
+        return _pick(rng, [w for w in WIDTHS if (w > 20000) == large])
     return int(rng.integers(20001, 300000)) if large else int(rng.integers(1, 20001))
 
 
+def _k(rng, op: str, n: int) -> int:
+    if op == "top_k":  # 1 <= k <= n, past 2048 too (rounds, the sort)
+        k = _pick(rng, KS + [n, n - 1, 2049, 3000, 4096]) if rng.random() < 0.8 else None
+        return max(1, min(int(rng.integers(1, n + 1)) if k is None else k, n))
+    return _pick(rng, KS) if rng.random() < 0.85 else int(rng.integers(1, 2049))
+
+
 def make_case(seed: int, index: int, max_elements: int = MAX_ELEMENTS) -> Case:
-    """Case `index` of `seed`, its scores at most `max_elements` (a smaller bound shrinks the
-    widths and row counts drawn: the cases then differ from the default bound's)."""
+    """Case `index` of `seed`, its scores at most `max_elements` (another bound draws other
+    widths and row counts, so a case replays only under the bound it was drawn with)."""
     rng = np.random.default_rng([seed, index])
     ops = list(OP_WEIGHTS)
     weights = np.array([OP_WEIGHTS[o] for o in ops], float)
     op = ops[int(rng.choice(len(ops), p=weights / weights.sum()))]
     dtype = "bfloat16" if op == "topk_bf16" else _pick(rng, list(DTYPES))
     large = op != "topk_bf16" and rng.random() < 0.3
-    n = min(_width(rng, large), 16384) if op == "topk_bf16" else _width(rng, large)
-    rows = _pick(rng, ROW_COUNTS)
-    n = min(n, max_elements)
-    rows = max(1, min(rows, max_elements // n))
-    if op == "top_k":
-        k = _pick(rng, KS + [n, n - 1, 2049, 3000, 4096]) if rng.random() < 0.8 else None
-        k = int(rng.integers(1, n + 1)) if k is None else k
-        k = max(1, min(k, n))
-    elif op == "merge_topk":
-        k = _pick(rng, KS)
-    else:
-        k = _pick(rng, KS) if rng.random() < 0.85 else int(rng.integers(1, 2049))
-    lengths = _pick(rng, ["full", "edges", "causal", "random"] + ["none"] * (op == "top_k") * 2)
+    n = min(_width(rng, large), max_elements, 16384 if op == "topk_bf16" else max_elements)
+    rows = max(1, min(_pick(rng, ROW_COUNTS), max_elements // n))
+    k = _k(rng, op, n)
+    kinds = ["full", "edges", "causal", "random"] + ["none"] * 2 * (op == "top_k")
     names = sorted(families.FAMILIES) + sorted(BUILT_ROWS) * 2
     row_families = [_pick(rng, names) for _ in range(int(rng.integers(1, 5)))]
+    if "few_keys_over_a_span" in row_families and n >= 8192:
+        k = 2048  # its rows hold 2048 winners
     switches = {}
     if rng.random() < 0.5:
         for name in rng.choice(sorted(SWITCHES), size=int(rng.integers(1, 3)), replace=False):
             switches[str(name)] = _pick(rng, SWITCHES[str(name)])
-    case = Case(index, op, dtype, rows, n, k, bool(rng.random() < 0.5), lengths, row_families,
-                switches)  # fmt: skip
-    if op in ("topk_bf16", "topk_filtered"):
+    case = Case(index, op, dtype, rows, n, k, bool(rng.random() < 0.5), _pick(rng, kinds),
+                row_families, switches)  # fmt: skip
+    if op in ("topk_bf16", "topk_filtered", "indexer_topk"):
         case.paged = bool(rng.random() < 0.15)
         if rng.random() < 0.15:
             case.num_valid_rows = int(rng.integers(-1, rows + 2))
-    if op == "indexer_topk":  # H = 64, D = 128: keep the CPU's logits quick
-        case.dtype, case.rows, case.n = "bfloat16", min(rows, 8), min(n, 12000)
-        case.lengths = _pick(rng, ["full", "edges", "causal"])
+    if op == "top_k":
+        case.two_axes = rows % 2 == 0 and bool(rng.random() < 0.3)
+    if op == "merge_topk":  # up to 8 lists (the register kernel), or up to 64 (the block kernel)
+        case.lists = min(int(rng.integers(1, 9 if rng.random() < 0.85 else 65)), n)
+        if case.lists > 8:  # columns enough for lists of about k: past the register kernel's
+            case.n = n = min(max(n, case.lists * k), max_elements)
+            case.rows = rows = max(1, min(rows, max_elements // n))
+        case.per_list = max(1, min(2048, int(rng.integers(k, 2 * k + 1)), n // case.lists))
+        case.rank_order = bool(rng.random() < 0.5)
+        case.k = min(k, case.lists * case.per_list)
+    if op == "indexer_topk":  # bfloat16 or float8 q and keys of H = 64, D = 128
+        case.dtype = "float8_e4m3fn" if rng.random() < 0.3 else "bfloat16"
+        case.families = [_pick(rng, INDEXER_FAMILIES)]
+        case.n = min(n, max(1, max_elements // INDEXER_HEADS))
+        case.rows = max(1, min(rows, max_elements // INDEXER_HEADS // case.n))
+        case.lengths_kind = _pick(rng, ["full", "edges", "causal"])
+        if case.num_valid_rows is not None:
+            case.num_valid_rows = min(case.num_valid_rows, case.rows + 1)
+    else:  # a built family the row cannot hold is recorded as what the row gets
+        case.families = [
+            f if f not in BUILT_ROWS or BUILT_ROWS[f][0](case.n, case.k) else "heavy_ties"
+            for f in case.families
+        ]
     return case
 
 
 def _scores(rng, case: Case) -> np.ndarray:
-    """[rows, n] of the case's families, one block of consecutive rows each; some rows copied
-    onto others (equal rows)."""
+    """[rows, n] of the case's families, one block of consecutive rows each; sometimes a row
+    copied onto another (equal rows)."""
     dtype = DTYPES[case.dtype]
     blocks = np.array_split(np.arange(case.rows), len(case.families))
     out = np.empty((case.rows, case.n), dtype)
@@ -182,35 +208,31 @@ def _scores(rng, case: Case) -> np.ndarray:
             continue
         with warnings.catch_warnings():  # float16's ascending rows overflow to inf: wanted
             warnings.simplefilter("ignore", RuntimeWarning)
-            out[block] = _family_rows(rng, case, family, len(block), dtype)
+            if family in families.FAMILIES:
+                out[block] = families.make(family, rng, (len(block), case.n), dtype)
+            else:
+                made = BUILT_ROWS[family][1](rng, len(block), case.n, case.k, dtype)
+                out[block] = np.asarray(made).astype(dtype)
     if case.rows > 2 and rng.random() < 0.3:
         out[rng.integers(0, case.rows)] = out[rng.integers(0, case.rows)]
     return out
 
 
-def _family_rows(rng, case: Case, family: str, rows: int, dtype) -> np.ndarray:
-    if family in families.FAMILIES:
-        return families.make(family, rng, (rows, case.n), dtype)
-    fits, make = BUILT_ROWS[family]
-    if not fits(case.n, case.k):  # the row too short for its family
-        return families.make("heavy_ties", rng, (rows, case.n), dtype)
-    return np.asarray(make(rng, rows, case.n, case.k, dtype)).astype(dtype)
-
-
 def _lengths(rng, case: Case) -> np.ndarray | None:
     n, rows = case.n, case.rows
-    if case.lengths == "none":
+    if case.lengths_kind == "none":
         return None
-    if case.lengths == "full":
+    if case.lengths_kind == "full":
         return np.full(rows, n, np.int32)
-    if case.lengths == "causal":
+    if case.lengths_kind == "causal":
         return (n - (rows - 1 - np.arange(rows))).astype(np.int32)
-    if case.lengths == "edges":
+    if case.lengths_kind == "edges":
         return rng.permutation(families.edge_lengths(case.k, n, rows, rng)).astype(np.int32)
     return rng.integers(0, n + 2, size=rows).astype(np.int32)
 
 
 def _paging(rng, case: Case) -> dict:
+    """The page-table and num_valid_rows arguments of a paged or masked case."""
     out = {}
     if case.paged:
         page_size = int(2 ** rng.integers(0, 8))
@@ -221,37 +243,37 @@ def _paging(rng, case: Case) -> dict:
         out.update(page_table=table.astype(np.int32), page_size=page_size)
         if rng.random() < 0.5:
             out["table_rows"] = rng.integers(-2, tables + 2, size=case.rows).astype(np.int32)
-        elif tables != case.rows:
+        else:  # a table row a score row
             out["page_table"] = np.resize(out["page_table"], (case.rows, pages))
     if case.num_valid_rows is not None:
         out["num_valid_rows"] = np.int32(case.num_valid_rows)
     return out
 
 
-def _merge_lists(rng, scores: np.ndarray, k: int):
-    """Candidate lists of distinct columns per row, lists of unequal fill with -1 entries
-    (garbage values in them), shuffled or in rank order; and the union as a dense row (NaN off
+def _merge_lists(rng, case: Case, scores: np.ndarray):
+    """Each row's candidate lists of distinct columns, of unequal fill with -1 entries (garbage
+    values in them), shuffled or each in rank order; and their union as a dense row (NaN off
     the lists) for top_k."""
     rows, n = scores.shape
-    lists = min(int(rng.integers(1, 9)), n)
-    per_list = int(max(1, min(2048, rng.integers(k, 2 * k + 1), n // lists)))
-    m = lists * per_list
+    m = case.lists * case.per_list
     values = families.make("infinities", rng, (rows, m), scores.dtype)
     indices = np.full((rows, m), -1, np.int32)
     union = np.full((rows, n), np.nan, np.float32).astype(scores.dtype)
-    ordered = rng.random() < 0.5
     for r in range(rows):
         columns = rng.permutation(n)[:m]
-        for j in range(lists):
-            fill = per_list if rng.random() < 0.6 else int(rng.integers(0, per_list + 1))
-            filled = slice(j * per_list, j * per_list + fill)
+        for j in range(case.lists):
+            full = rng.random() < 0.6
+            fill = case.per_list if full else int(rng.integers(0, case.per_list + 1))
+            filled = slice(j * case.per_list, j * case.per_list + fill)
             indices[r, filled] = columns[filled]
-        if not ordered:
+        if not case.rank_order:
             indices[r] = indices[r, rng.permutation(m)]
         present = indices[r] >= 0
         values[r, present] = scores[r, indices[r, present]]
         union[r, indices[r, present]] = values[r, present]
-    return values, indices, union, min(k, m)
+        if case.rank_order:
+            values[r], indices[r] = in_rank_order(values[r], indices[r], case.lists)
+    return values, indices, union
 
 
 @contextlib.contextmanager
@@ -268,76 +290,81 @@ def _environment(switches: dict[str, str]):
                 os.environ[name] = value
 
 
-def _on(backend, fn, *arrays, **static):
-    """fn under a fresh jit on one backend (a fresh compile: the switches apply)."""
-    device = device_for(backend)
-    placed = jax.device_put(arrays, device)
-    out = jax.jit(lambda *a: fn(*a, **static))(*placed)
+def _on(backend, fn, *arrays):
+    """fn(*arrays) under a fresh jit on one backend, the arrays placed there."""
+    placed = jax.device_put(arrays, device_for(backend))
+    out = jax.jit(lambda *a: fn(*a))(*placed)
     return tuple(np.asarray(o) for o in (out if isinstance(out, tuple) else (out,)))
 
 
-def _widened16(scores):
-    """float16 as float32 (exact, order and NaN kept) for reference_topk, which reads 16-bit
-    rows as bfloat16."""
+def _as_reference_rows(scores):
+    """float16 as float32 for reference_topk, which reads every row but bfloat16 as float32
+    bits (the widening is exact and keeps the order and NaN)."""
     return scores.astype(np.float32) if scores.dtype == families.F16 else scores
-
-
-def _numpy_top_k(operand, k, lengths, sorted_):
-    from tests.test_top_k import reference_top_k
-
-    return reference_top_k(operand, k, lengths, sorted_)
 
 
 def run_case(case: Case, seed: int, backend: str):
     """(actual, expected, arrays) of one case: `backend` against its reference."""
     rng = np.random.default_rng([seed, case.index, 1])
-    gpu = backend == "gpu"
     if case.op == "indexer_topk":
         return _indexer_case(rng, case, backend)
+    gpu = backend == "gpu"
     scores = _scores(rng, case)
     lengths = _lengths(rng, case)
     arrays = {"scores": scores, "lengths": lengths}
     with _environment(case.switches):
         if case.op == "top_k":
-            fn = lambda x, *lens: jax_topk.top_k(  # noqa: E731
-                x, case.k, lengths=lens[0] if lens else None, sorted=case.sorted
-            )
-            if case.rows % 2 == 0 and rng.random() < 0.3:  # a leading shape of two axes
+            if case.two_axes:
                 scores = scores.reshape(2, case.rows // 2, case.n)
                 lengths = None if lengths is None else lengths.reshape(2, case.rows // 2)
             args = (scores,) if lengths is None else (scores, lengths)
-            actual = _on(backend, fn, *args)
+
+            def call(x, *given):
+                return jax_topk.top_k(x, case.k, lengths=given[0] if given else None,
+                                      sorted=case.sorted)  # fmt: skip
+
+            actual = _on(backend, call, *args)
             expected = (
-                _on("cpu", fn, *args) if gpu else _numpy_top_k(scores, case.k, lengths, case.sorted)
+                _on("cpu", call, *args)
+                if gpu
+                else reference_top_k(scores, case.k, lengths, case.sorted)
             )
         elif case.op == "merge_topk":
-            values, indices, union, k = _merge_lists(rng, scores, case.k)
+            values, indices, union = _merge_lists(rng, case, scores)
             arrays.update(values=values, indices=indices)
-            fn = lambda v, i: jax_topk.merge_topk(v, i, k, sorted=case.sorted)  # noqa: E731
-            actual = _on(backend, fn, values, indices)
+
+            def call(v, i):
+                return jax_topk.merge_topk(v, i, case.k, sorted=case.sorted)
+
+            actual = _on(backend, call, values, indices)
             expected = (
-                _on("cpu", fn, values, indices)
+                _on("cpu", call, values, indices)
                 if gpu
-                else _numpy_top_k(union, k, None, case.sorted)
+                else reference_top_k(union, case.k, None, case.sorted)
             )
         else:
             paging = _paging(rng, case)
             arrays.update(paging)
-            op = getattr(jax_topk, case.op)
-            names = list(paging)
-            fn = lambda x, lens, *traced: op(  # noqa: E731
-                x, lens, k=case.k, sorted=case.sorted, **dict(zip(names, traced)),
-                **({"page_size": paging["page_size"]} if "page_size" in paging else {}),
-            )  # fmt: skip
-            traced = [paging[name] for name in names if name != "page_size"]
-            names = [name for name in names if name != "page_size"]
-            actual = _on(backend, fn, scores, lengths, *traced)
+            page_size = paging.pop("page_size", 1)
+            traced_names = list(paging)
+            select = getattr(jax_topk, case.op)
+
+            def call(x, given, *traced):
+                return select(x, given, k=case.k, sorted=case.sorted, page_size=page_size,
+                              **dict(zip(traced_names, traced)))  # fmt: skip
+
+            actual = _on(backend, call, scores, lengths, *paging.values())
             expected = (
-                _on("cpu", fn, scores, lengths, *traced)
+                _on("cpu", call, scores, lengths, *paging.values())
                 if gpu
                 else (
                     reference_topk(
-                        _widened16(scores), lengths, case.k, sorted=case.sorted, **paging
+                        _as_reference_rows(scores),
+                        lengths,
+                        case.k,
+                        sorted=case.sorted,
+                        page_size=page_size,
+                        **paging,
                     ),
                 )  # fmt: skip
             )
@@ -345,26 +372,43 @@ def run_case(case: Case, seed: int, backend: str):
 
 
 def _indexer_case(rng, case: Case, backend: str):
-    family = _pick(rng, ["normal", "repeated_keys", "zero_heads", "all_negative", "integers",
-                         "periodic", "random_bits"])  # fmt: skip
-    q, keys, weights = make_inputs(rng, case.rows, 64, 128, case.n, family=family)
+    """indexer_topk against topk_filtered of indexer_logits, both on `backend`."""
+    dtype = FP8 if case.dtype == "float8_e4m3fn" else families.BF16
+    q, keys, weights = make_inputs(rng, case.rows, INDEXER_HEADS, INDEXER_DIM, case.n,
+                                   family=case.families[0], dtype=dtype)  # fmt: skip
+    key_scales = rng.uniform(0.01, 2.0, size=case.n).astype(np.float32) if dtype == FP8 else None
     lengths = _lengths(rng, case)
+    paging = _paging(rng, case)
+    page_size = paging.pop("page_size", 1)
+    traced_names = list(paging)
+    arrays = {"q": q, "keys": keys, "weights": weights, "lengths": lengths} | paging
+    fp8 = () if key_scales is None else (key_scales,)
+    arrays.update({"key_scales": key_scales} if fp8 else {})
+
+    def fused(q, keys, weights, lengths, *rest):
+        scales, traced = (rest[0], rest[1:]) if fp8 else (None, rest)
+        return jax_topk.indexer_topk(q, keys, weights, lengths, k=case.k, sorted=case.sorted,
+                                     key_scales=scales, page_size=page_size,
+                                     **dict(zip(traced_names, traced)))  # fmt: skip
+
+    def unfused(q, keys, weights, lengths, *rest):
+        scales, traced = (rest[0], rest[1:]) if fp8 else (None, rest)
+        logits = jax_topk.indexer_logits(q, keys, weights, lengths, key_scales=scales)
+        return jax_topk.topk_filtered(logits, lengths, k=case.k, sorted=case.sorted,
+                                      page_size=page_size,
+                                      **dict(zip(traced_names, traced)))  # fmt: skip
+
+    args = (q, keys, weights, lengths, *fp8, *paging.values())
     with _environment(case.switches):
-        fused = _on(
-            backend,
-            lambda a, b, c, d: jax_topk.indexer_topk(a, b, c, d, k=case.k, sorted=case.sorted),
-            q, keys, weights, lengths,
-        )  # fmt: skip
-        logits = _on(backend, jax_topk.indexer_logits, q, keys, weights, lengths)[0]
-        expected = _on(
-            backend,
-            lambda x, d: jax_topk.topk_filtered(x, d, k=case.k, sorted=case.sorted),
-            logits, lengths,
-        )  # fmt: skip
-    return fused, expected, {"q": q, "keys": keys, "weights": weights, "lengths": lengths}
+        actual = _on(backend, fused, *args)
+        expected = _on(backend, unfused, *args)
+    return actual, expected, arrays
 
 
 def _first_difference(actual, expected) -> str:
+    """'' when every output has the same dtype, shape and bits; else where they first differ."""
+    if len(actual) != len(expected):
+        return f"{len(actual)} outputs against {len(expected)}"
     for which, (a, e) in enumerate(zip(actual, expected)):
         a, e = np.asarray(a), np.asarray(e)
         if a.shape != e.shape or a.dtype != e.dtype:
@@ -386,22 +430,21 @@ def fuzz(
     cases: int | None,
     seed: int,
     out: Path | None,
-    only=None,
+    only: int | None = None,
     log=print,
     max_elements: int = MAX_ELEMENTS,
 ):
-    """Runs cases until `seconds` or `cases` run out; returns (cases run, failures)."""
+    """Runs cases 0, 1, ... until `seconds` or `cases` run out (`only`: that case alone);
+    returns (cases run, the cases that differ)."""
     backend = "gpu" if gpu_devices() else "cpu"
     reference = "the CPU handler" if backend == "gpu" else "NumPy"
-    log(f"fuzz: seed {seed}, {backend} against {reference}")
+    log(f"fuzz: seed {seed}, max elements {max_elements}, {backend} against {reference}")
     start = last = time.monotonic()
     counts: dict[str, int] = {}
     failures = []
-    index = 0 if only is None else only
-    while True:
-        if only is not None and index != only:
-            break
-        if cases is not None and index >= cases or time.monotonic() - start > seconds:
+    indices = [only] if only is not None else range(cases if cases is not None else 2**62)
+    for index in indices:
+        if only is None and time.monotonic() - start > seconds:
             break
         case = make_case(seed, index, max_elements)
         try:
@@ -414,21 +457,26 @@ def fuzz(
             failures.append(case)
             log(f"MISMATCH {case.label()}: {problem}")
             if out is not None:
-                out.mkdir(parents=True, exist_ok=True)
-                record = dataclasses.asdict(case) | {"seed": seed, "problem": problem}
-                with open(out / "failures.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-                np.savez_compressed(
-                    out / f"case-{case.index}.npz",
-                    **{name: v for name, v in arrays.items() if v is not None},
-                )
+                _write_failure(out, case, seed, max_elements, problem, arrays)
         if time.monotonic() - last > 15:
             last = time.monotonic()
             log(f"  {last - start:5.0f} s: {index + 1} cases {counts}, {len(failures)} differ")
-        index += 1
     total = sum(counts.values())
     log(f"fuzz: {total} cases in {time.monotonic() - start:.0f} s {counts}, {len(failures)} differ")
     return total, failures
+
+
+def _write_failure(out: Path, case: Case, seed: int, max_elements: int, problem: str, arrays):
+    out.mkdir(parents=True, exist_ok=True)
+    record = dataclasses.asdict(case) | {
+        "seed": seed,
+        "max_elements": max_elements,
+        "problem": problem,
+    }
+    with open(out / "failures.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    present = {name: value for name, value in arrays.items() if value is not None}
+    np.savez_compressed(out / f"case-{seed}-{case.index}.npz", **present)
 
 
 def main(argv=None) -> int:
@@ -444,12 +492,21 @@ def main(argv=None) -> int:
         default=MAX_ELEMENTS,
         help="a case's scores at most (small under compute-sanitizer; replay with the same)",
     )
+    parser.add_argument("--require-gpu", action="store_true", help="fail without a GPU")
     args = parser.parse_args(argv)
-    log = lambda line: print(line, flush=True)  # noqa: E731
-    _, failures = fuzz(
-        args.seconds, args.cases, args.seed, args.out, args.case, log, args.max_elements
+    if args.require_gpu and not gpu_devices():
+        print("fuzz: --require-gpu, but JAX sees no GPU", flush=True)
+        return 2
+    total, failures = fuzz(
+        args.seconds,
+        args.cases,
+        args.seed,
+        args.out,
+        args.case,
+        lambda line: print(line, flush=True),
+        args.max_elements,
     )
-    return 1 if failures else 0
+    return 1 if failures or total == 0 else 0
 
 
 if __name__ == "__main__":
