@@ -15,6 +15,7 @@ import pytest
 
 import jax_topk
 from tests.support import families
+from tests.support.families import one_coarse_bin, sample_foolers
 from tests.support.operators import gpu_devices, run_op
 from tests.test_f32_cluster import (
     check_families,
@@ -24,7 +25,6 @@ from tests.test_f32_cluster import (
     small_k_rows,
 )
 from tests.test_f32_rows import check_page_table_and_num_valid_rows, crowded_rows, same_on_both
-from tests.test_gpu_stress import one_coarse_bin, sample_foolers
 
 pytestmark = [
     pytest.mark.gpu,

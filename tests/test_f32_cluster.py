@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support import families
+from tests.support.families import one_coarse_bin, sample_foolers
 from tests.support.operators import gpu_devices, run_op
 from tests.test_f32_rows import (
     check_against_the_kernel_off,
@@ -20,7 +21,6 @@ from tests.test_f32_rows import (
     crowded_rows,
     same_on_both,
 )
-from tests.test_gpu_stress import one_coarse_bin, sample_foolers
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,9 +18,9 @@ import pytest
 
 import jax_topk
 from tests.support import families
+from tests.support.families import one_coarse_bin, sample_foolers
 from tests.support.operators import gpu_devices, permuted_page_table, run_op
 from tests.support.processes import run_python
-from tests.test_gpu_stress import one_coarse_bin, sample_foolers
 
 pytestmark = [
     pytest.mark.gpu,

@@ -238,26 +238,6 @@ def test_small_rows_two_a_warp(n, dtype, mode, monkeypatch):
             assert_top_k_same_bits(scores, k, None, sorted_, err_msg=f"k={k}")
 
 
-def sample_foolers(rng, rows, n):
-    """Periodic rows whose residues hold the largest (or the smallest) values, for every
-    small period, so that some phase of any regular sample sees only those."""
-    out = []
-    for period in (2, 3, 4, 8, 16, 32, 64, 128, 256, 1024):
-        for residue in (0, period - 1):
-            for sign in (10.0, -10.0):
-                row = rng.standard_normal(n).astype(np.float32) * 0.01
-                row[residue::period] += sign
-                out.append(row)
-    out = np.stack(out)
-    return out[rng.integers(0, len(out), size=rows)]
-
-
-def one_coarse_bin(rng, rows, n):
-    """Every value shares the top 11 bits of its key: the coarse histogram is one bin."""
-    bits = 0x3F800000 + rng.integers(0, 1 << 21, size=(rows, n), dtype=np.int64)
-    return bits.astype(np.uint32).view(np.float32)
-
-
 @pytest.mark.parametrize("k", [1, 512, 2048])
 @pytest.mark.parametrize("n", [1, 3, 2047, 4097, 65537, 131072, 262147])
 def test_filtered_families_and_foolers(n, k):
@@ -268,7 +248,7 @@ def test_filtered_families_and_foolers(n, k):
         lengths = rng.integers(-2, n + 3, size=rows).astype(np.int32)
         lengths[:3] = [n, k, k + 1]
         assert_same_on_both("topk_filtered", scores, lengths, k=k)
-    for make in (sample_foolers, one_coarse_bin):
+    for make in (families.sample_foolers, families.one_coarse_bin):
         scores = make(rng, rows, n)
         lengths = np.full(rows, n, np.int32)
         lengths[1::3] = rng.integers(0, n + 1, size=len(lengths[1::3]))
@@ -290,7 +270,8 @@ def test_filtered_split_and_single_block_agree():
     (one block per row) give the same bits."""
     rng = np.random.default_rng(40)
     n = 200_000
-    few = np.concatenate([sample_foolers(rng, 2, n), rng.standard_normal((2, n), np.float32)])
+    foolers = families.sample_foolers(rng, 2, n)
+    few = np.concatenate([foolers, rng.standard_normal((2, n), np.float32)])
     many = np.concatenate([few, rng.standard_normal((600, n), np.float32)])
     lengths_many = np.full(len(many), n, np.int32)
     alone = assert_same_on_both("topk_filtered", few, lengths_many[:4], k=2048)
@@ -313,17 +294,6 @@ def test_cuda_graph_replay():
     assert "graph replay: ok" in run_python("-m", "tests.checks.graph_replay", XLA_FLAGS=flags)
 
 
-def tied_group_rows(rng, rows, n, k, copies):
-    """k - copies // 2 distinct large values, then `copies` equal ones: the k-th value is a group
-    of `copies` members of which only the lower half of the columns wins."""
-    out = rng.standard_normal((rows, n)).astype(np.float32) * 0.01
-    for row in out:
-        columns = rng.permutation(n)[: k - copies // 2 + copies]
-        row[columns[: k - copies // 2]] = 10.0 + np.arange(k - copies // 2, dtype=np.float32) * 1e-3
-        row[columns[k - copies // 2 :]] = 5.0
-    return out
-
-
 @pytest.mark.parametrize("copies", [2, 32, 33])
 @pytest.mark.parametrize("rows", [4, 300])
 def test_filtered_tied_boundary_groups(rows, copies):
@@ -331,7 +301,7 @@ def test_filtered_tied_boundary_groups(rows, copies):
     warp ranks up to 32 members (with a tie quota), more take the digit selection; whole rows
     (300 rows) and split rows (4 rows)."""
     rng = np.random.default_rng(rows * 100 + copies)
-    scores = tied_group_rows(rng, rows, 131072, 2048, copies)
+    scores = families.tied_group_rows(rng, rows, 131072, 2048, copies)
     lengths = np.full(rows, 131072, np.int32)
     for sorted_ in (False, True):
         assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
@@ -367,7 +337,7 @@ def test_filtered_whole_rows_of_every_family():
         lengths = rng.integers(-2, 40_003, size=300).astype(np.int32)
         for sorted_ in (False, True):
             assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
-    scores = sample_foolers(rng, 300, 65536)
+    scores = families.sample_foolers(rng, 300, 65536)
     lengths = rng.integers(0, 65537, size=300).astype(np.int32)
     for sorted_ in (False, True):
         assert_same_on_both("topk_filtered", scores, lengths, k=2048, sorted=sorted_)
@@ -460,7 +430,8 @@ def test_filtered_16bit_families_foolers_and_alignments(dtype, n, k):
         lengths[:3] = [n, k, k + 1]
         for sorted_ in (False, True):
             assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
-    for make in (sample_foolers, one_coarse_bin):  # narrowed: foolers full of ties
+    # Narrowed, the foolers are full of ties.
+    for make in (families.sample_foolers, families.one_coarse_bin):
         scores = as_dtype(make(rng, rows, n), dtype)
         lengths = np.full(rows, n, np.int32)
         lengths[1::3] = rng.integers(0, n + 1, size=len(lengths[1::3]))

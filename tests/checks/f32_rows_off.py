@@ -6,9 +6,9 @@ family, sample foolers and crowded rows must still match the CPU handler bit for
 import numpy as np
 
 from tests.support import families
+from tests.support.families import sample_foolers
 from tests.support.operators import run_op
 from tests.test_f32_rows import crowded_rows
-from tests.test_gpu_stress import sample_foolers
 
 
 def main():

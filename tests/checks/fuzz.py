@@ -36,10 +36,10 @@ import numpy as np
 
 import jax_topk
 from tests.support import families
+from tests.support.families import one_coarse_bin, sample_foolers, tied_group_rows
 from tests.support.indexer import FP8, make_inputs
 from tests.support.operators import device_for, gpu_devices
 from tests.support.reference import reference_topk
-from tests.test_gpu_stress import one_coarse_bin, sample_foolers, tied_group_rows
 from tests.test_merge_topk import in_rank_order
 from tests.test_top_k import reference_top_k
 

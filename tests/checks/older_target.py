@@ -16,9 +16,9 @@ import numpy as np
 import jax_topk
 from tests.support import families
 from tests.support.bits import assert_same_bits
+from tests.support.families import sample_foolers
 from tests.support.indexer import logits_then_topk, make_inputs
 from tests.support.operators import device_for, run_op
-from tests.test_gpu_stress import sample_foolers
 
 
 def _on(backend, fn, *arrays):

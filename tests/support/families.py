@@ -169,3 +169,34 @@ def few_keys_over_a_span(rng, rows, n, k, dtype):
         else:
             out[r, rng.choice(n, size=k, replace=False)] = base + offsets
     return from_bits(out, dtype)
+
+
+def sample_foolers(rng, rows, n):
+    """Periodic rows whose residues hold the largest (or the smallest) values, for every
+    small period, so that some phase of any regular sample sees only those."""
+    out = []
+    for period in (2, 3, 4, 8, 16, 32, 64, 128, 256, 1024):
+        for residue in (0, period - 1):
+            for sign in (10.0, -10.0):
+                row = rng.standard_normal(n).astype(np.float32) * 0.01
+                row[residue::period] += sign
+                out.append(row)
+    out = np.stack(out)
+    return out[rng.integers(0, len(out), size=rows)]
+
+
+def one_coarse_bin(rng, rows, n):
+    """Every value shares the top 11 bits of its key: the coarse histogram is one bin."""
+    bits = 0x3F800000 + rng.integers(0, 1 << 21, size=(rows, n), dtype=np.int64)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def tied_group_rows(rng, rows, n, k, copies):
+    """k - copies // 2 distinct large values, then `copies` equal ones: the k-th value is a group
+    of `copies` members of which only the lower half of the columns wins."""
+    out = rng.standard_normal((rows, n)).astype(np.float32) * 0.01
+    for row in out:
+        columns = rng.permutation(n)[: k - copies // 2 + copies]
+        row[columns[: k - copies // 2]] = 10.0 + np.arange(k - copies // 2, dtype=np.float32) * 1e-3
+        row[columns[k - copies // 2 :]] = 5.0
+    return out
