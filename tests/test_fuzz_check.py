@@ -61,4 +61,5 @@ def test_a_difference_is_reported_and_written(monkeypatch, tmp_path):
 
 
 def test_a_run_without_cases_fails():
+    assert fuzz.main(["--cases", "0", "--seed", "3"]) == 1
     assert fuzz.main(["--seconds", "0", "--seed", "3"]) == 1

@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 import jax_topk
+from jax_topk._lowering import HAS_CUDA_EXTENSION
 from tests.support import families
 from tests.support.families import one_coarse_bin, sample_foolers, tied_group_rows
 from tests.support.indexer import FP8, make_inputs
@@ -57,9 +58,10 @@ ROW_COUNTS = [1, 2, 3, 4, 5, 8, 13, 31, 32, 33, 64, 100, 131, 132, 133, 200, 264
               1023, 1024, 1025, 2048]  # fmt: skip
 MAX_ELEMENTS = 6_000_000  # a case's scores by default (the NumPy reference's time)
 INDEXER_HEADS, INDEXER_DIM = 64, 128
-# Dispatch switches (read by the CUDA handlers at each launch), each with the values a case may
-# force; none of them changes a result, only the kernel that computes it. A case compiles a
-# fresh executable and runs it once, inside its switches.
+# Dispatch switches of the selecting kernels (read by the CUDA handlers at each launch), each
+# with the values a case may force; none of them changes a result, only the kernel that computes
+# it. A case compiles a fresh executable and runs it once, inside its switches. merge_topk's
+# narrow instances and indexer_topk's path have switches of their own (make_case).
 SWITCHES = {
     "JAX_TOPK_F32_CLUSTER": ["off", "always"],
     "JAX_TOPK_FILTERED_SPLIT": ["off"],
@@ -68,8 +70,6 @@ SWITCHES = {
     "JAX_TOPK_ARGMAX": ["off", "always"],
     "JAX_TOPK_SHORT_16BIT": ["own"],
     "JAX_TOPK_BF16_SORT": ["radix"],
-    "JAX_TOPK_MERGE_NARROW": ["off"],
-    "JAX_TOPK_INDEXER_TOPK": ["fused", "unfused"],
 }
 OP_WEIGHTS = {"top_k": 4, "topk_filtered": 3, "topk_bf16": 2, "merge_topk": 2, "indexer_topk": 1}
 # Rows built against a kernel's steps: whether a row of (n, k) holds the family, and its maker
@@ -162,9 +162,13 @@ def make_case(seed: int, index: int, max_elements: int = MAX_ELEMENTS) -> Case:
     if "few_keys_over_a_span" in row_families and n >= 8192:
         k = 2048  # its rows hold 2048 winners
     switches = {}
-    if rng.random() < 0.5:
+    if op != "merge_topk" and rng.random() < 0.5:
         for name in rng.choice(sorted(SWITCHES), size=int(rng.integers(1, 3)), replace=False):
             switches[str(name)] = _pick(rng, SWITCHES[str(name)])
+    if op == "merge_topk" and rng.random() < 0.3:
+        switches["JAX_TOPK_MERGE_NARROW"] = "off"  # rows of m <= 8192 on the wide instance
+    if op == "indexer_topk":  # the fused path half the time (by default the unfused one runs)
+        switches["JAX_TOPK_INDEXER_TOPK"] = "fused" if rng.random() < 0.5 else "unfused"
     case = Case(index, op, dtype, rows, n, k, bool(rng.random() < 0.5), _pick(rng, kinds),
                 row_families, switches)  # fmt: skip
     if op in ("topk_bf16", "topk_filtered", "indexer_topk"):
@@ -438,13 +442,16 @@ def fuzz(
     returns (cases run, the cases that differ)."""
     backend = "gpu" if gpu_devices() else "cpu"
     reference = "the CPU handler" if backend == "gpu" else "NumPy"
-    log(f"fuzz: seed {seed}, max elements {max_elements}, {backend} against {reference}")
+    kernels = "CUDA kernels" if HAS_CUDA_EXTENSION else "no CUDA extension"
+    log(
+        f"fuzz: seed {seed}, max elements {max_elements}, {backend} ({kernels}) against {reference}"
+    )
     start = last = time.monotonic()
     counts: dict[str, int] = {}
     failures = []
     indices = [only] if only is not None else range(cases if cases is not None else 2**62)
     for index in indices:
-        if only is None and time.monotonic() - start > seconds:
+        if only is None and time.monotonic() - start >= seconds:
             break
         case = make_case(seed, index, max_elements)
         try:
@@ -494,8 +501,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--require-gpu", action="store_true", help="fail without a GPU")
     args = parser.parse_args(argv)
-    if args.require_gpu and not gpu_devices():
-        print("fuzz: --require-gpu, but JAX sees no GPU", flush=True)
+    if args.require_gpu and not (gpu_devices() and HAS_CUDA_EXTENSION):
+        print(f"fuzz: --require-gpu, but GPUs {gpu_devices()}, CUDA extension "
+              f"{HAS_CUDA_EXTENSION}", flush=True)  # fmt: skip
         return 2
     total, failures = fuzz(
         args.seconds,
