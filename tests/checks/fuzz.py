@@ -16,7 +16,7 @@ A case is a function of (seed, index, max elements) alone: `--seed S --case I` (
 quick (`compute-sanitizer --error-exitcode 9 python -m tests.checks.fuzz --max-elements
 100000`). Progress goes to stdout every 15 s; each mismatch is appended to DIR/failures.jsonl
 with its case and its arrays written to DIR/case-S-I.npz. Exit status 1 if a case differs or
-none ran, 2 if --require-gpu finds no GPU.
+none ran, 2 if --require-gpu finds no GPU or a build without the CUDA extension.
 """
 
 from __future__ import annotations
