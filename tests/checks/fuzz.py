@@ -22,16 +22,13 @@ none ran, 2 if --require-gpu finds no GPU or a build without the CUDA extension.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import os
 import sys
 import time
 import warnings
 from pathlib import Path
 
-import jax
 import numpy as np
 
 import jax_topk
@@ -39,7 +36,7 @@ from jax_topk._lowering import HAS_CUDA_EXTENSION
 from tests.support import families
 from tests.support.families import one_coarse_bin, sample_foolers, tied_group_rows
 from tests.support.indexer import FP8, make_inputs
-from tests.support.operators import device_for, gpu_devices
+from tests.support.operators import gpu_devices, kernel_switches, run_on
 from tests.support.reference import reference_topk
 from tests.test_merge_topk import in_rank_order
 from tests.test_top_k import reference_top_k
@@ -280,25 +277,10 @@ def _merge_lists(rng, case: Case, scores: np.ndarray):
     return values, indices, union
 
 
-@contextlib.contextmanager
-def _environment(switches: dict[str, str]):
-    saved = {name: os.environ.get(name) for name in switches}
-    os.environ.update(switches)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def _on(backend, fn, *arrays):
-    """fn(*arrays) under a fresh jit on one backend, the arrays placed there."""
-    placed = jax.device_put(arrays, device_for(backend))
-    out = jax.jit(lambda *a: fn(*a))(*placed)
-    return tuple(np.asarray(o) for o in (out if isinstance(out, tuple) else (out,)))
+    """run_on's results as a tuple (one result or several)."""
+    out = run_on(backend, fn, *arrays)
+    return out if isinstance(out, tuple) else (out,)
 
 
 def _as_reference_rows(scores):
@@ -316,7 +298,7 @@ def run_case(case: Case, seed: int, backend: str):
     scores = _scores(rng, case)
     lengths = _lengths(rng, case)
     arrays = {"scores": scores, "lengths": lengths}
-    with _environment(case.switches):
+    with kernel_switches(**case.switches):
         if case.op == "top_k":
             if case.two_axes:
                 scores = scores.reshape(2, case.rows // 2, case.n)
@@ -403,7 +385,7 @@ def _indexer_case(rng, case: Case, backend: str):
                                       **dict(zip(traced_names, traced)))  # fmt: skip
 
     args = (q, keys, weights, lengths, *fp8, *paging.values())
-    with _environment(case.switches):
+    with kernel_switches(**case.switches):
         actual = _on(backend, fused, *args)
         expected = _on(backend, unfused, *args)
     return actual, expected, arrays

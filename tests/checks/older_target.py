@@ -8,8 +8,6 @@ take the cluster
 kernels, the filtered kernel's split rows, merge_topk's staged rows and the wgmma indexer on a
 Hopper build still match the CPU handler bit for bit here."""
 
-import os
-
 import jax
 import numpy as np
 
@@ -18,18 +16,11 @@ from tests.support import families
 from tests.support.bits import assert_same_bits
 from tests.support.families import sample_foolers
 from tests.support.indexer import logits_then_topk, make_inputs
-from tests.support.operators import device_for, run_op
-
-
-def _on(backend, fn, *arrays):
-    """fn under jit on one backend, its arrays placed there, the results as NumPy."""
-    device = device_for(backend)
-    out = jax.jit(fn)(*(jax.device_put(a, device) for a in arrays))
-    return jax.tree.map(np.asarray, out)
+from tests.support.operators import kernel_switches, run_on, run_op
 
 
 def _same(fn, *arrays):
-    gpu, cpu = _on("gpu", fn, *arrays), _on("cpu", fn, *arrays)
+    gpu, cpu = run_on("gpu", fn, *arrays), run_on("cpu", fn, *arrays)
     for g, c in zip(jax.tree.leaves(gpu), jax.tree.leaves(cpu), strict=True):
         assert_same_bits(g, c)
 
@@ -52,40 +43,36 @@ def on_hopper_or_later():
 def cluster_kernel_declines():
     """The cluster kernel's code here is empty: a call forced onto it must fail, not return
     unwritten outputs."""
-    os.environ["JAX_TOPK_F32_CLUSTER"] = "only"
     try:
-        scores = np.zeros((1, 32768), np.float32)
-        run_op("topk_filtered", "gpu", scores, np.array([32768], np.int32), k=2048)
+        with kernel_switches(JAX_TOPK_F32_CLUSTER="only"):
+            scores = np.zeros((1, 32768), np.float32)
+            run_op("topk_filtered", "gpu", scores, np.array([32768], np.int32), k=2048)
     except Exception as error:  # the FFI call's error reaches JAX as a runtime error
         if "launch failed" not in str(error):
             raise
         print(f"cluster kernel declined: {type(error).__name__}")
     else:
         raise AssertionError("the cluster kernel took a call in a build without its code")
-    finally:
-        del os.environ["JAX_TOPK_F32_CLUSTER"]
 
 
 def selection_shapes(rng):
     """Shapes the cluster kernel and the filtered split take on a Hopper build, dispatched as
     usual (and with the cluster kernel off, so that few long rows reach the split)."""
     calls = 0
-    for cluster in (None, "off"):
-        if cluster:
-            os.environ["JAX_TOPK_F32_CLUSTER"] = cluster
-        for dtype, n in (("float32", 32768), ("float32", 131072), ("bfloat16", 131072)):
-            scores = _family_rows(rng, 1, n, dtype)
-            lengths = rng.integers(-2, n + 3, size=len(scores)).astype(np.int32)
-            lengths[:3] = [n, 2048, 2049]
-            for rows in (1, 4, len(scores)):  # one row, few rows, every family and foolers
-                for sorted_ in (False, True):
-                    _same(
-                        lambda s, lens: jax_topk.top_k(s, 2048, lengths=lens, sorted=sorted_),
-                        scores[:rows],
-                        lengths[:rows],
-                    )
-                    calls += 1
-        os.environ.pop("JAX_TOPK_F32_CLUSTER", None)
+    for switches in ({}, {"JAX_TOPK_F32_CLUSTER": "off"}):
+        with kernel_switches(**switches):
+            for dtype, n in (("float32", 32768), ("float32", 131072), ("bfloat16", 131072)):
+                scores = _family_rows(rng, 1, n, dtype)
+                lengths = rng.integers(-2, n + 3, size=len(scores)).astype(np.int32)
+                lengths[:3] = [n, 2048, 2049]
+                for rows in (1, 4, len(scores)):  # one row, few rows, every family and foolers
+                    for sorted_ in (False, True):
+                        _same(
+                            lambda s, lens: jax_topk.top_k(s, 2048, lengths=lens, sorted=sorted_),
+                            scores[:rows],
+                            lengths[:rows],
+                        )
+                        calls += 1
     print(f"cluster and split shapes: ok ({calls} calls)")
 
 

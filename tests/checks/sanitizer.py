@@ -7,8 +7,6 @@ the cluster kernel for few float32 rows alone): checks
 the result against the CPU handler too, bit for bit (the indexer's logits within the SPEC's
 bound of it)."""
 
-import contextlib
-import os
 import sys
 
 import jax
@@ -24,6 +22,7 @@ from tests.support.indexer import (
     make_inputs,
     reference_logits,
 )
+from tests.support.operators import kernel_switches
 
 
 def _nan_and_zero_rows(rng, rows, n):
@@ -162,7 +161,7 @@ def _f32_rows_cases(gpu, cpu, rng):
         (rng.standard_normal((5, 8191), np.float32), 2048),
     ]
     # Forced on (read at each launch): its default takes only some of these shapes.
-    with _environment(JAX_TOPK_F32_ROWS="always"):
+    with kernel_switches(JAX_TOPK_F32_ROWS="always"):
         _top_k_matches(gpu, cpu, rng, cases)
     # The 256-thread block for many rows of <= 8192 columns: every slice width, unaligned rows,
     # 16-bit rows widened.
@@ -173,7 +172,7 @@ def _f32_rows_cases(gpu, cpu, rng):
         (np.full((3, 2048), -3.0, np.float32), 300),
     ]
     many += [(scores.astype(dtype), k) for scores, k in many for dtype in ("bfloat16", "float16")]
-    with _environment(JAX_TOPK_F32_ROWS="many"):
+    with kernel_switches(JAX_TOPK_F32_ROWS="many"):
         _top_k_matches(gpu, cpu, rng, many)
 
 
@@ -206,19 +205,8 @@ def _f32_cluster_cases(gpu, cpu, rng):
             for scores, k in cases + cases_16
             if scores.shape[1] <= parts * 512 * (32 if scores.dtype == np.float32 else 24)
         ]
-        with _environment(JAX_TOPK_F32_CLUSTER="only", JAX_TOPK_F32_CLUSTER_PARTS=str(parts)):
+        with kernel_switches(JAX_TOPK_F32_CLUSTER="only", JAX_TOPK_F32_CLUSTER_PARTS=str(parts)):
             _top_k_matches(gpu, cpu, rng, held)
-
-
-@contextlib.contextmanager
-def _environment(**values):
-    """The kernels' switches set for a block (read at each launch), then unset."""
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name in values:
-            del os.environ[name]
 
 
 def main():

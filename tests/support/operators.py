@@ -1,7 +1,10 @@
-"""The operators under test, the score dtype each takes, and running one under jit on a
-backend with its arrays placed there."""
+"""The operators under test, the score dtype each takes, running one under jit on a backend
+with its arrays placed there, and the kernels' dispatch switches set around a call."""
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +48,29 @@ def run_op(op, backend, scores, lengths, **kwargs):
     fn = jax.jit(lambda s, lens, t: OPS[op](s, lens, **t, **static))
     out = fn(jax.device_put(scores, device), jax.device_put(np.asarray(lengths), device), traced)
     return np.asarray(out)
+
+
+def run_on(backend, fn, *arrays):
+    """fn(*arrays) under jit on one backend, its arrays placed there; the results as NumPy (a
+    pytree like fn's)."""
+    out = jax.jit(fn)(*jax.device_put(arrays, device_for(backend)))
+    return jax.tree.map(np.asarray, out)
+
+
+@contextlib.contextmanager
+def kernel_switches(**values):
+    """The CUDA handlers' switches (JAX_TOPK_*, read at each launch) set for a block, then
+    restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def permuted_page_table(rng, table_rows, pages):
