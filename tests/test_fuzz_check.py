@@ -63,3 +63,18 @@ def test_a_difference_is_reported_and_written(monkeypatch, tmp_path):
 def test_a_run_without_cases_fails():
     assert fuzz.main(["--cases", "0", "--seed", "3"]) == 1
     assert fuzz.main(["--seconds", "0", "--seed", "3"]) == 1
+
+
+def test_first_and_cases_pick_a_range(monkeypatch):
+    """`--first I --cases N` runs cases I to I + N - 1 (.ci/gpu's memcheck chunks)."""
+    seen = []
+    real = fuzz.run_case
+
+    def recording(case, seed, backend):
+        seen.append(case.index)
+        return real(case, seed, backend)
+
+    monkeypatch.setattr(fuzz, "run_case", recording)
+    arguments = ["--seed", "11", "--first", "5", "--cases", "3", "--max-elements", "100000"]
+    assert fuzz.main(arguments) == 0
+    assert seen == [5, 6, 7]

@@ -8,13 +8,15 @@ logits of the two backends are not bit-equal: docs/contract.md section 9). Witho
 handler is compared with the NumPy contract instead, which exercises the generator
 (tests/test_fuzz_check.py runs that way in CI).
 
-    python -m tests.checks.fuzz [--seconds 240] [--cases N] [--seed S] [--case I] [--out DIR]
-                                [--max-elements E] [--require-gpu]
+    python -m tests.checks.fuzz [--seconds 240] [--first I] [--cases N] [--seed S] [--case I]
+                                [--out DIR] [--max-elements E] [--require-gpu]
 
 A case is a function of (seed, index, max elements) alone: `--seed S --case I` (with the same
---max-elements) replays one. Under compute-sanitizer a small --max-elements keeps each case
-quick (`compute-sanitizer --error-exitcode 9 python -m tests.checks.fuzz --max-elements
-100000`). Progress goes to stdout every 15 s; each mismatch is appended to DIR/failures.jsonl
+--max-elements) replays one, `--first I --cases N` runs cases I to I + N - 1. Under
+compute-sanitizer a small --max-elements keeps each case quick, and a chunk of cases a
+sanitizer process keeps the tool up (`.ci/gpu memcheck-fuzz`: CUDA 13.0's compute-sanitizer
+itself segfaulted after 65 to ~770 cases in one process, benches/NOTES.md "the sanitizer's own
+crash"). Progress goes to stdout every 15 s; each mismatch is appended to DIR/failures.jsonl
 with its case and its arrays written to DIR/case-S-I.npz. Exit status 1 if a case differs or
 none ran, 2 if --require-gpu finds no GPU or a build without the CUDA extension.
 """
@@ -419,19 +421,22 @@ def fuzz(
     only: int | None = None,
     log=print,
     max_elements: int = MAX_ELEMENTS,
+    first: int = 0,
 ):
-    """Runs cases 0, 1, ... until `seconds` or `cases` run out (`only`: that case alone);
-    returns (cases run, the cases that differ)."""
+    """Runs cases first, first + 1, ... until `seconds` or `cases` run out (`only`: that case
+    alone); returns (cases run, the cases that differ)."""
     backend = "gpu" if gpu_devices() else "cpu"
     reference = "the CPU handler" if backend == "gpu" else "NumPy"
     kernels = "CUDA kernels" if HAS_CUDA_EXTENSION else "no CUDA extension"
     log(
-        f"fuzz: seed {seed}, max elements {max_elements}, {backend} ({kernels}) against {reference}"
+        f"fuzz: seed {seed}, cases from {only if only is not None else first}, max elements "
+        f"{max_elements}, {backend} ({kernels}) against {reference}"
     )
     start = last = time.monotonic()
     counts: dict[str, int] = {}
     failures = []
-    indices = [only] if only is not None else range(cases if cases is not None else 2**62)
+    last_index = first + cases if cases is not None else 2**62
+    indices = [only] if only is not None else range(first, last_index)
     for index in indices:
         if only is None and time.monotonic() - start >= seconds:
             break
@@ -449,7 +454,8 @@ def fuzz(
                 _write_failure(out, case, seed, max_elements, problem, arrays)
         if time.monotonic() - last > 15:
             last = time.monotonic()
-            log(f"  {last - start:5.0f} s: {index + 1} cases {counts}, {len(failures)} differ")
+            log(f"  {last - start:5.0f} s: {sum(counts.values())} cases {counts}, "
+                f"{len(failures)} differ")  # fmt: skip
     total = sum(counts.values())
     log(f"fuzz: {total} cases in {time.monotonic() - start:.0f} s {counts}, {len(failures)} differ")
     return total, failures
@@ -471,6 +477,7 @@ def _write_failure(out: Path, case: Case, seed: int, max_elements: int, problem:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=240.0)
+    parser.add_argument("--first", type=int, default=0, help="the index of the first case")
     parser.add_argument("--cases", type=int, default=None, help="stop after this many cases")
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     parser.add_argument("--case", type=int, default=None, help="replay one case of the seed")
@@ -495,6 +502,7 @@ def main(argv=None) -> int:
         args.case,
         lambda line: print(line, flush=True),
         args.max_elements,
+        args.first,
     )
     return 1 if failures or total == 0 else 0
 
