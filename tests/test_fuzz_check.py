@@ -65,8 +65,9 @@ def test_a_run_without_cases_fails():
     assert fuzz.main(["--seconds", "0", "--seed", "3"]) == 1
 
 
-def test_first_and_cases_pick_a_range(monkeypatch):
-    """`--first I --cases N` runs cases I to I + N - 1 (.ci/gpu's memcheck chunks)."""
+def test_first_and_cases_pick_a_range(monkeypatch, capsys):
+    """`--first I --cases N` runs cases I to I + N - 1 (.ci/gpu's memcheck chunks), and
+    `--announce` names each before it runs."""
     seen = []
     real = fuzz.run_case
 
@@ -76,5 +77,8 @@ def test_first_and_cases_pick_a_range(monkeypatch):
 
     monkeypatch.setattr(fuzz, "run_case", recording)
     arguments = ["--seed", "11", "--first", "5", "--cases", "3", "--max-elements", "100000"]
-    assert fuzz.main(arguments) == 0
+    assert fuzz.main([*arguments, "--announce"]) == 0
     assert seen == [5, 6, 7]
+    lines = capsys.readouterr().out.splitlines()
+    announced = [line for line in lines if line.startswith("running")]
+    assert announced == [f"running {fuzz.make_case(11, i, 100000).label()}" for i in (5, 6, 7)]

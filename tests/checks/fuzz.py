@@ -9,14 +9,15 @@ handler is compared with the NumPy contract instead, which exercises the generat
 (tests/test_fuzz_check.py runs that way in CI).
 
     python -m tests.checks.fuzz [--seconds 240] [--first I] [--cases N] [--seed S] [--case I]
-                                [--out DIR] [--max-elements E] [--require-gpu]
+                                [--out DIR] [--max-elements E] [--require-gpu] [--announce]
 
 A case is a function of (seed, index, max elements) alone: `--seed S --case I` (with the same
 --max-elements) replays one, `--first I --cases N` runs cases I to I + N - 1. Under
 compute-sanitizer a small --max-elements keeps each case quick, and a chunk of cases a
 sanitizer process keeps the tool up (`.ci/gpu memcheck-fuzz`: CUDA 13.0's compute-sanitizer
 itself segfaulted after 65 to ~770 cases in one process, benches/NOTES.md "the sanitizer's own
-crash"). Progress goes to stdout every 15 s; each mismatch is appended to DIR/failures.jsonl
+crash"). Progress goes to stdout every 15 s (`--announce`: each case's label before it runs,
+which names the case a hang or a crash stopped in); each mismatch is appended to DIR/failures.jsonl
 with its case and its arrays written to DIR/case-S-I.npz. Exit status 1 if a case differs or
 none ran, 2 if --require-gpu finds no GPU or a build without the CUDA extension.
 """
@@ -422,6 +423,7 @@ def fuzz(
     log=print,
     max_elements: int = MAX_ELEMENTS,
     first: int = 0,
+    announce: bool = False,
 ):
     """Runs cases first, first + 1, ... until `seconds` or `cases` run out (`only`: that case
     alone); returns (cases run, the cases that differ)."""
@@ -441,6 +443,8 @@ def fuzz(
         if only is None and time.monotonic() - start >= seconds:
             break
         case = make_case(seed, index, max_elements)
+        if announce:
+            log(f"running {case.label()}")
         try:
             actual, expected, arrays = run_case(case, seed, backend)
             problem = _first_difference(actual, expected)
@@ -489,6 +493,7 @@ def main(argv=None) -> int:
         help="a case's scores at most (small under compute-sanitizer; replay with the same)",
     )
     parser.add_argument("--require-gpu", action="store_true", help="fail without a GPU")
+    parser.add_argument("--announce", action="store_true", help="print each case before it runs")
     args = parser.parse_args(argv)
     if args.require_gpu and not (gpu_devices() and HAS_CUDA_EXTENSION):
         print(f"fuzz: --require-gpu, but GPUs {gpu_devices()}, CUDA extension "
@@ -503,6 +508,7 @@ def main(argv=None) -> int:
         lambda line: print(line, flush=True),
         args.max_elements,
         args.first,
+        args.announce,
     )
     return 1 if failures or total == 0 else 0
 
