@@ -1,0 +1,102 @@
+"""Where a call's wall time goes: the bench's 'ours wall' (the latency a JAX user sees) reads
+27-51 us at the decode shapes whose kernels take 3.5-10 us (benches/results/h200.md), and
+shared/BENCH.md measured a trivial FFI custom call at 7-8 us. This probe splits that time, per
+call of one jitted function holding R calls (bench.wall_time_us, R = 1 and 8):
+- wall: median wall time / R; device: the summed kernel time of one call (bench's profiler
+  method; '-' on a machine without a GPU); host = wall - device, what the GPU waited for.
+- rows: an XLA fusion on the same rows (XLA's own cost of an op), jax.lax.top_k, and ours at
+  issue 16's decode shapes plus a tiny call of each custom call target we launch (a 1 x 64 row:
+  our handler's fixed cost with a kernel of ~2 us).
+- modes: as configured, then in a child process with XLA's command buffers off
+  (XLA_FLAGS=--xla_gpu_enable_command_buffer=): if our host part drops there, the cost is the
+  command buffer's (a capture or an update a call), not the handler's.
+Run from the repo root: python -m benches.probes.call_overhead [--repeats 30]"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_topk
+from benches.bench import median_call_us, traced_kernel_events, wall_time_us
+
+COMMAND_BUFFERS_OFF = "--xla_gpu_enable_command_buffer="
+
+
+def _calls(rng):
+    """(name, fn, input sets): each fn one op on distinct (rows, lengths) of one shape, the
+    lengths whole (topk_bf16 and topk_filtered take them; the other calls ignore them)."""
+
+    def sets(shape, dtype, count=8):
+        whole = jnp.full(shape[:-1], shape[-1], jnp.int32)
+        scores = [rng.standard_normal(shape, np.float32) for _ in range(count)]
+        return [(jnp.asarray(s).astype(dtype), whole) for s in scores]
+
+    bf16_row, f32_row = sets((1, 16384), jnp.bfloat16), sets((1, 32768), jnp.float32)
+    vocabulary, tiny = sets((1, 152064), jnp.bfloat16), sets((1, 64), jnp.float32)
+    return [
+        ("XLA fusion x * 2 + 1, bf16 1x16384", lambda x, n: x * 2 + 1, bf16_row),
+        ("jax.lax.top_k bf16 1x16384 k=512", lambda x, n: jax.lax.top_k(x, 512), bf16_row),
+        ("topk_bf16 1x16384 k=512", lambda x, n: jax_topk.topk_bf16(x, n, k=512), bf16_row),
+        ("topk_filtered f32 1x32768 k=2048", jax_topk.topk_filtered, f32_row),
+        ("top_k bf16 1x152064 k=50", lambda x, n: jax_topk.top_k(x, 50), vocabulary),
+        ("topk_filtered f32 1x64 k=8 (tiny)", lambda x, n: jax_topk.topk_filtered(x, n, k=8), tiny),
+        ("top_k f32 1x64 k=8 (tiny)", lambda x, n: jax_topk.top_k(x, 8), tiny),
+    ]
+
+
+def _device_us(fn, input_sets) -> str:
+    if jax.default_backend() != "gpu":
+        return "-"
+    calls = 24
+    events = traced_kernel_events(fn, input_sets, calls)
+    events = sorted(e for device in events.values() for e in device)
+    return f"{median_call_us(events, calls):.1f} ({len(events) // calls})"
+
+
+def table(repeats: int, mode: str) -> list[str]:
+    rows = []
+    for name, fn, input_sets in _calls(np.random.default_rng(0)):
+        jitted = jax.jit(fn)
+        device = _device_us(jitted, input_sets)
+        walls = [wall_time_us(fn, input_sets[:r], repeats) for r in (1, 8)]
+        on_device = float(device.split()[0]) if device != "-" else 0.0
+        hosts = " / ".join(f"{w - on_device:.1f}" for w in walls)
+        cells = [mode, name, device, f"{walls[0]:.1f} / {walls[1]:.1f}", hosts]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rows-only", action="store_true", help="(the child process)")
+    args = parser.parse_args(argv)
+    flags = os.environ.get("XLA_FLAGS", "")
+    mode = "command buffers off" if COMMAND_BUFFERS_OFF in flags else "as configured"
+    rows = table(args.repeats, mode)
+    if args.rows_only:
+        print("\n".join(rows), flush=True)
+        return 0
+    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, XLA_FLAGS={flags!r}")
+    print("| mode | call | device us (kernels) | wall us, R = 1 / 8 | wall - device, R = 1 / 8 |")
+    print("| --- | --- | --- | --- | --- |")
+    print("\n".join(rows), flush=True)
+    child = dict(os.environ, XLA_FLAGS=f"{flags} {COMMAND_BUFFERS_OFF}".strip())
+    command = [sys.executable, "-m", "benches.probes.call_overhead", "--rows-only"]
+    command += ["--repeats", str(args.repeats)]
+    done = subprocess.run(command, env=child, capture_output=True, text=True)
+    print(done.stdout, end="")
+    if done.returncode:
+        print(done.stderr[-2000:], file=sys.stderr)
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
