@@ -4,9 +4,10 @@ shared/BENCH.md measured a trivial FFI custom call at 7-8 us. This probe splits 
 call of one jitted function holding R calls (bench.wall_time_us, R = 1 and 8):
 - wall: median wall time / R; device: the summed kernel time of one call (bench's profiler
   method; '-' on a machine without a GPU); host = wall - device, what the GPU waited for.
-- rows: an XLA fusion on the same rows (XLA's own cost of an op), jax.lax.top_k, and ours at
-  issue 16's decode shapes plus a tiny call of each custom call target we launch (a 1 x 64 row:
-  our handler's fixed cost with a kernel of ~2 us).
+- rows: an XLA fusion on the same rows (XLA's own cost of an op; at R = 8 XLA may fuse the
+  eight into fewer kernels), jax.lax.top_k, and ours at issue 16's decode shapes plus a tiny
+  topk_filtered and top_k call (a 1 x 64 row: our handler's fixed cost with a kernel of ~2 us).
+  Device time is one call's (R = 1), subtracted from both walls.
 - modes: as configured, then in a child process with XLA's command buffers off
   (XLA_FLAGS=--xla_gpu_enable_command_buffer=): if our host part drops there, the cost is the
   command buffer's (a capture or an update a call), not the handler's.
@@ -66,8 +67,10 @@ def table(repeats: int, mode: str) -> list[str]:
         jitted = jax.jit(fn)
         device = _device_us(jitted, input_sets)
         walls = [wall_time_us(fn, input_sets[:r], repeats) for r in (1, 8)]
-        on_device = float(device.split()[0]) if device != "-" else 0.0
-        hosts = " / ".join(f"{w - on_device:.1f}" for w in walls)
+        if device == "-":
+            hosts = "-"
+        else:
+            hosts = " / ".join(f"{w - float(device.split()[0]):.1f}" for w in walls)
         cells = [mode, name, device, f"{walls[0]:.1f} / {walls[1]:.1f}", hosts]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
@@ -78,6 +81,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--rows-only", action="store_true", help="(the child process)")
     args = parser.parse_args(argv)
+    # The parent and the child share the GPU: neither takes most of its memory up front.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     flags = os.environ.get("XLA_FLAGS", "")
     mode = "command buffers off" if COMMAND_BUFFERS_OFF in flags else "as configured"
     rows = table(args.repeats, mode)
@@ -88,6 +93,8 @@ def main(argv=None) -> int:
     print("| mode | call | device us (kernels) | wall us, R = 1 / 8 | wall - device, R = 1 / 8 |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows), flush=True)
+    if mode != "as configured":
+        return 0
     child = dict(os.environ, XLA_FLAGS=f"{flags} {COMMAND_BUFFERS_OFF}".strip())
     command = [sys.executable, "-m", "benches.probes.call_overhead", "--rows-only"]
     command += ["--repeats", str(args.repeats)]
