@@ -7,7 +7,10 @@ call of one jitted function holding R calls (bench.wall_time_us, R = 1 and 8):
 - rows: an XLA fusion on the same rows (XLA's own cost of an op; at R = 8 XLA may fuse the
   eight into fewer kernels), jax.lax.top_k, and ours at issue 16's decode shapes plus a tiny
   topk_filtered and top_k call (a 1 x 64 row: our handler's fixed cost with a kernel of ~2 us).
-  Device time is one call's (R = 1), subtracted from both walls.
+  Device time is one call's (R = 1), subtracted from both walls. Then the fusion and
+  topk_filtered on 2048 x 131072 float32 rows (1 GB a set; 4 rows without a GPU): h200.json's
+  wall exceeds its device time by 150-280 us at the causal shapes, 75 at topk_bf16 2048 x 16384,
+  so whether the gap grows with the data for XLA's own kernels too, or is ours.
 - modes: as configured, then in a child process with XLA's command buffers off
   (XLA_FLAGS=--xla_gpu_enable_command_buffer=): if our host part drops there, the cost is the
   command buffer's (a capture or an update a call), not the handler's.
@@ -41,6 +44,11 @@ def _calls(rng):
 
     bf16_row, f32_row = sets((1, 16384), jnp.bfloat16), sets((1, 32768), jnp.float32)
     vocabulary, tiny = sets((1, 152064), jnp.bfloat16), sets((1, 64), jnp.float32)
+    rows = 2048 if jax.default_backend() == "gpu" else 4
+    large = [  # drawn on the device: 8 GB from the host would take a while
+        (jax.random.normal(key, (rows, 131072), jnp.float32), jnp.full((rows,), 131072, jnp.int32))
+        for key in jax.random.split(jax.random.key(1), 8)
+    ]
     return [
         ("XLA fusion x * 2 + 1, bf16 1x16384", lambda x, n: x * 2 + 1, bf16_row),
         ("jax.lax.top_k bf16 1x16384 k=512", lambda x, n: jax.lax.top_k(x, 512), bf16_row),
@@ -49,6 +57,8 @@ def _calls(rng):
         ("top_k bf16 1x152064 k=50", lambda x, n: jax_topk.top_k(x, 50), vocabulary),
         ("topk_filtered f32 1x64 k=8 (tiny)", lambda x, n: jax_topk.topk_filtered(x, n, k=8), tiny),
         ("top_k f32 1x64 k=8 (tiny)", lambda x, n: jax_topk.top_k(x, 8), tiny),
+        (f"XLA fusion x * 2 + 1, f32 {rows}x131072", lambda x, n: x * 2 + 1, large),
+        (f"topk_filtered f32 {rows}x131072 k=2048", jax_topk.topk_filtered, large),
     ]
 
 
