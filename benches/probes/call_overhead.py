@@ -11,9 +11,10 @@ call of one jitted function holding R calls (bench.wall_time_us, R = 1 and 8):
   topk_filtered on 2048 x 131072 float32 rows (1 GB a set; 4 rows without a GPU): h200.json's
   wall exceeds its device time by 150-280 us at the causal shapes, 75 at topk_bf16 2048 x 16384,
   so whether the gap grows with the data for XLA's own kernels too, or is ours.
-- modes: as configured, then in a child process with XLA's command buffers off
-  (XLA_FLAGS=--xla_gpu_enable_command_buffer=): if our host part drops there, the cost is the
-  command buffer's (a capture or an update a call), not the handler's.
+- modes: as configured, then in child processes with XLA's command buffers off
+  (XLA_FLAGS=--xla_gpu_enable_command_buffer=) and with custom calls kept out of them
+  (=-CUSTOM_CALL): if our host part drops there, the cost is the command buffer's (a capture or
+  an update a call), not the handler's.
 Run from the repo root: python -m benches.probes.call_overhead [--repeats 30]"""
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ import numpy as np
 import jax_topk
 from benches.bench import median_call_us, traced_kernel_events, wall_time_us
 
-COMMAND_BUFFERS_OFF = "--xla_gpu_enable_command_buffer="
+# The child processes' modes: the XLA flag each adds.
+CHILD_MODES = {
+    "command buffers off": "--xla_gpu_enable_command_buffer=",
+    "custom calls out of command buffers": "--xla_gpu_enable_command_buffer=-CUSTOM_CALL",
+}
 
 
 def _calls(rng):
@@ -89,30 +94,30 @@ def table(repeats: int, mode: str) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--rows-only", action="store_true", help="(the child process)")
+    parser.add_argument("--child-mode", choices=list(CHILD_MODES), help="(a child process)")
     args = parser.parse_args(argv)
-    # The parent and the child share the GPU: neither takes most of its memory up front.
+    # The parent and the children share the GPU: none takes most of its memory up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     flags = os.environ.get("XLA_FLAGS", "")
-    mode = "command buffers off" if COMMAND_BUFFERS_OFF in flags else "as configured"
-    rows = table(args.repeats, mode)
-    if args.rows_only:
+    rows = table(args.repeats, args.child_mode or "as configured")
+    if args.child_mode:
         print("\n".join(rows), flush=True)
         return 0
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, XLA_FLAGS={flags!r}")
     print("| mode | call | device us (kernels) | wall us, R = 1 / 8 | wall - device, R = 1 / 8 |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows), flush=True)
-    if mode != "as configured":
-        return 0
-    child = dict(os.environ, XLA_FLAGS=f"{flags} {COMMAND_BUFFERS_OFF}".strip())
-    command = [sys.executable, "-m", "benches.probes.call_overhead", "--rows-only"]
-    command += ["--repeats", str(args.repeats)]
-    done = subprocess.run(command, env=child, capture_output=True, text=True)
-    print(done.stdout, end="")
-    if done.returncode:
-        print(done.stderr[-2000:], file=sys.stderr)
-    return done.returncode
+    failed = 0
+    for mode, flag in CHILD_MODES.items():
+        child = dict(os.environ, XLA_FLAGS=f"{flags} {flag}".strip())
+        command = [sys.executable, "-m", "benches.probes.call_overhead", "--child-mode", mode]
+        command += ["--repeats", str(args.repeats)]
+        done = subprocess.run(command, env=child, capture_output=True, text=True)
+        print(done.stdout, end="", flush=True)
+        if done.returncode:
+            print(f"{mode}: rc {done.returncode}\n{done.stderr[-2000:]}", file=sys.stderr)
+            failed = 1
+    return failed
 
 
 if __name__ == "__main__":
