@@ -177,9 +177,13 @@ def gpu_shapes() -> list[Shape]:
         head_dim=128,
         dtypes=("bfloat16",),
     )
-    # fp8 (widened to f16 on the tensor cores at H = 64, D = 128; not yet timed): decode only,
-    # since the JAX path's fp8 einsum at a prefill chunk is estimated at minutes a shape.
+    # fp8 (widened to f16 on the tensor cores at H = 64, D = 128): decode, and the logits of one
+    # prefill chunk, issue 15's fp8-over-bf16 throughput at M >= 512 (the JAX path's fp8 einsum
+    # upcasts where XLA has no fp8 dot, so it costs about bf16's 9 ms there).
     shapes += indexer_shapes(((1, 131072),), heads=64, head_dim=128, dtypes=(indexer.FP8,))
+    shapes.append(
+        Shape("indexer_logits", indexer.FP8, 512, 65536, 2048, "causal", heads=64, head_dim=128)
+    )
     return shapes
 
 
