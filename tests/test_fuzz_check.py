@@ -82,3 +82,25 @@ def test_first_and_cases_pick_a_range(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     announced = [line for line in lines if line.startswith("running")]
     assert announced == [f"running {fuzz.make_case(11, i, 100000).label()}" for i in (5, 6, 7)]
+
+
+def test_skip_xla_sort_leaves_out_only_the_sort_path(monkeypatch, capsys):
+    """`--skip-xla-sort` (.ci/gpu's memcheck chunks) leaves out exactly the top_k cases that
+    top_k's route sends to XLA's sort, such as the case the sanitizer crashed in, and says so."""
+    crashed = fuzz.make_case(24776, 9, 100000)  # top_k float16 7 x 13736, k = n
+    assert crashed.op == "top_k" and fuzz.runs_only_xla_sort(crashed)
+    assert not fuzz.runs_only_xla_sort(fuzz.make_case(24776, 8, 100000))  # top_k, k = 2048
+    seen = []
+
+    def recorded(case, seed, backend):  # no outputs, no arrays: a case that agrees
+        seen.append(case.index)
+        return (), (), {}
+
+    monkeypatch.setattr(fuzz, "run_case", recorded)
+    arguments = ["--seed", "24776", "--first", "0", "--cases", "40", "--max-elements", "100000"]
+    assert fuzz.main([*arguments, "--announce", "--skip-xla-sort"]) == 0
+    sort_path = [i for i in range(40) if fuzz.runs_only_xla_sort(fuzz.make_case(24776, i, 100000))]
+    assert 9 in sort_path and seen == [i for i in range(40) if i not in sort_path]
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("skipping") for line in lines) == len(sort_path)
+    assert f"({len(sort_path)} of XLA's sort path left out)" in lines[-1]
