@@ -1,5 +1,5 @@
-"""benches/targets.py: every target of issues 13-16 reads a row of the committed results
-(but the one the results do not hold), and its verdict turns at the limit, both ways."""
+"""benches/targets.py: every target of issues 13-16 reads a row of the committed results, and
+its verdict turns at the limit, both ways."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def committed_records():
 def test_every_target_reads_the_committed_results():
     records = committed_records()
     without_row = [t.what for t in targets.TARGETS if t.verdict(records)[1] == "no row"]
-    # The bench has no fp8 indexer shape at M >= 512 (benches/NOTES.md holds that measure).
-    assert without_row == ["indexer_logits fp8 throughput over bf16 at M >= 512"]
+    assert without_row == []
     table = targets.describe(records)
     assert table.count("\n| 1") == len(targets.TARGETS)  # a row a target (issues 13-16)
     met = sum(t.verdict(records)[1] == "met" for t in targets.TARGETS)
