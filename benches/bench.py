@@ -178,8 +178,8 @@ def gpu_shapes() -> list[Shape]:
         dtypes=("bfloat16",),
     )
     # fp8 (widened to f16 on the tensor cores at H = 64, D = 128): decode, and the logits of one
-    # prefill chunk, issue 15's fp8-over-bf16 throughput at M >= 512 (the JAX path's fp8 einsum
-    # upcasts where XLA has no fp8 dot, so it costs about bf16's 9 ms there).
+    # prefill chunk, issue 15's fp8-over-bf16 throughput at M >= 512 (the JAX path's fp8 scores
+    # took 10.0 ms there on the H200, bf16's 8.9).
     shapes += indexer_shapes(((1, 131072),), heads=64, head_dim=128, dtypes=(indexer.FP8,))
     shapes.append(
         Shape("indexer_logits", indexer.FP8, 512, 65536, 2048, "causal", heads=64, head_dim=128)
