@@ -107,13 +107,13 @@ class Shape:
 
 
 def indexer_shapes(
-    rows_and_n, heads: int, head_dim: int, dtypes=("bfloat16", indexer.FP8)
+    rows_and_n, heads: int, head_dim: int, dtypes=("bfloat16", indexer.FP8), ops=indexer.OPS
 ) -> list[Shape]:
-    """Both indexer operators on a chunk of consecutive queries of one sequence: causal
-    lengths, query t of M seeing N - M + t + 1 keys."""
+    """The indexer operators (both by default) on a chunk of consecutive queries of one
+    sequence: causal lengths, query t of M seeing N - M + t + 1 keys."""
     return [
         Shape(op, dtype, m, n, 2048, "causal", heads=heads, head_dim=head_dim)
-        for op in indexer.OPS
+        for op in ops
         for dtype in dtypes
         for m, n in rows_and_n
     ]
@@ -181,8 +181,8 @@ def gpu_shapes() -> list[Shape]:
     # prefill chunk, issue 15's fp8-over-bf16 throughput at M >= 512 (the JAX path's fp8 scores
     # took 10.0 ms there on the H200, bf16's 8.9).
     shapes += indexer_shapes(((1, 131072),), heads=64, head_dim=128, dtypes=(indexer.FP8,))
-    shapes.append(
-        Shape("indexer_logits", indexer.FP8, 512, 65536, 2048, "causal", heads=64, head_dim=128)
+    shapes += indexer_shapes(
+        ((512, 65536),), heads=64, head_dim=128, dtypes=(indexer.FP8,), ops=("indexer_logits",)
     )
     return shapes
 

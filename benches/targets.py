@@ -149,7 +149,8 @@ FEW_ROWS_LEAD = (
 
 ZEROED_BEHIND_LOADS = (
     "; the histograms zeroed behind the row's loads took 0.11 / 0.18 us off 1 / 4 x 32768 on an "
-    "H100 and 0.09 / 0.19 here (NOTES 'the histograms zeroed behind the loads')"
+    "H100; the H200's rows moved by 0.10 / 0.19 us between runs before and after it (NOTES 'the "
+    "histograms zeroed behind the loads')"
 )
 
 VOCABULARY = 152064  # issue 13's sampling rows: [B, 152064], k = 50
@@ -307,8 +308,9 @@ TARGETS = [
         True,
         lead="native e4m3 wgmma's accumulation breaks SPEC section 9's bound (NOTES "
         "'indexer_logits fp8 on Hopper tensor cores'), so fp8 is widened to f16 and runs at "
-        "bf16's matrix rate: 0.96-0.98x bf16 from 64 queries (NOTES 'q and the keys widened "
-        "once'); what it buys is half the key cache",
+        "bf16's matrix rate: 0.96-0.97x bf16 from 64 queries in one process (NOTES 'q and the "
+        "keys widened once'; the table's rows come from two runs); what it buys is half the "
+        "key cache",
     ),
     latency_target("float32", 1, 32768, 2048, 6, FEW_ROWS_LEAD + ZEROED_BEHIND_LOADS),
     latency_target("float32", 4, 32768, 2048, 6, FEW_ROWS_LEAD + ZEROED_BEHIND_LOADS),
@@ -358,8 +360,8 @@ TARGETS = [
         "in L2 changed nothing (NOTES 'topk_bf16: the next wave's rows in L2'), walks by "
         "every warp were 18 % slower (NOTES 'topk_bf16: walks by every warp'); IPC 2.36, "
         "barrier stalls 25 % (NOTES 'topk_bf16: loads before the length'); pass 2's two "
-        "mins in one took 3.2 % off on an H100, 3.5 % here (43.3 -> 41.8 us; NOTES 'pass 2's "
-        "two mins')",
+        "mins in one took 3.2 % off on an H100; the H200's row moved 43.3 -> 41.8 us between "
+        "runs before and after it (NOTES 'pass 2's two mins')",
         " (topk_bf16)",
     ),
     Target(

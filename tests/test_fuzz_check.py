@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 
+import jax_topk
 from tests.checks import fuzz
 
 
@@ -104,3 +106,35 @@ def test_skip_xla_sort_leaves_out_only_the_sort_path(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert sum(line.startswith("skipping") for line in lines) == len(sort_path)
     assert f"({len(sort_path)} of XLA's sort path left out)" in lines[-1]
+
+
+def test_the_sort_path_test_agrees_with_top_k(monkeypatch):
+    """runs_only_xla_sort says what top_k itself does: traced as the fuzzer calls it (two axes
+    and lengths included), a case reaches the sort (_fallback.select_with_values) exactly when
+    runs_only_xla_sort says so."""
+    from jax_topk import _top_k
+
+    reached = []
+    real = _top_k._fallback.select_with_values
+
+    def recording(*args, **kwargs):
+        reached.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_top_k._fallback, "select_with_values", recording)
+    cases = [fuzz.make_case(s, i, 100000) for s in (24776, 6123) for i in range(120)]
+    cases = [c for c in cases if c.op == "top_k"]
+    assert any(fuzz.runs_only_xla_sort(c) for c in cases)
+    for case in cases:
+        shape = (2, case.rows // 2, case.n) if case.two_axes else (case.rows, case.n)
+        scores = jax.ShapeDtypeStruct(shape, fuzz.DTYPES[case.dtype])
+        lengths = None
+        if case.lengths_kind != "none":
+            lengths = jax.ShapeDtypeStruct(shape[:-1], np.int32)
+        reached.clear()
+        jax.eval_shape(
+            lambda x, n, k=case.k, s=case.sorted: jax_topk.top_k(x, k, lengths=n, sorted=s),
+            scores,
+            lengths,
+        )
+        assert bool(reached) == fuzz.runs_only_xla_sort(case), case.label()
