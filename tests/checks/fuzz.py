@@ -425,7 +425,7 @@ def runs_only_xla_sort(case: Case) -> bool:
     widen, so the case's dtype is the one `route` sees (tested against top_k's calls)."""
     if case.op != "top_k":
         return False
-    chosen = top_k_route(np.dtype(DTYPES[case.dtype]), case.n, case.k, case.rows)
+    chosen = top_k_route(DTYPES[case.dtype], case.n, case.k, case.rows)
     return chosen is TopKRoute.SORT
 
 

@@ -36,18 +36,13 @@ def make_scores(op, rng, shape, family="normal"):
 
 
 def run_op(op, backend, scores, lengths, **kwargs):
-    """Runs an operator under jit on one backend, the arrays placed there."""
-    device = device_for(backend)
-    traced = {}
-    static = {}
-    for name, value in kwargs.items():
-        if name in ("page_table", "table_rows", "num_valid_rows") and value is not None:
-            traced[name] = jax.device_put(np.asarray(value), device)
-        else:
-            static[name] = value
-    fn = jax.jit(lambda s, lens, t: OPS[op](s, lens, **t, **static))
-    out = fn(jax.device_put(scores, device), jax.device_put(np.asarray(lengths), device), traced)
-    return np.asarray(out)
+    """Runs an operator under jit on one backend (run_on), the arrays placed there; the page
+    table, table rows and num_valid_rows traced, every other keyword static."""
+    traced_names = ("page_table", "table_rows", "num_valid_rows")
+    traced = {n: np.asarray(v) for n, v in kwargs.items() if n in traced_names and v is not None}
+    static = {n: v for n, v in kwargs.items() if n not in traced}
+    call = lambda s, lens, t: OPS[op](s, lens, **t, **static)  # noqa: E731
+    return run_on(backend, call, scores, np.asarray(lengths), traced)
 
 
 def run_on(backend, fn, *arrays):
