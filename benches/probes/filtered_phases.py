@@ -8,9 +8,9 @@ winners block-ranked as before; benches/NOTES.md "bf16-queue" and "the queue pas
 more, since removed), with --stamps the per-phase times of one call of each (2: the kernel's last
 block prints them), and with --routes the route counts of the test families built for those paths
 (tests/support/families.py). PHASES_VARIANTS and PHASES_STAMPED (comma-separated names of VARIANTS)
-choose the timed and stamped variants, PHASES_DTYPES the rows' dtypes. Command buffers are off so
-that every call's launch reads the switches. Run on the GPU from the repo root of a probe build:
-python -m benches.probes.filtered_phases [--stamps] [--routes]"""
+choose the timed and stamped variants, PHASES_DTYPES the rows' dtypes (timed and stamped).
+Command buffers are off so that every call's launch reads the switches. Run on the GPU from the
+repo root of a probe build: python -m benches.probes.filtered_phases [--stamps] [--routes]"""
 
 import ctypes
 import os
@@ -132,11 +132,15 @@ def main():
     print(f"copy bandwidth {tbps:.2f} TB/s (read + write)")
     if "--routes" in sys.argv:
         routes()
+    dtypes = os.environ.get("PHASES_DTYPES")  # e.g. "bfloat16,float16": only those rows
+    wanted = dtypes.split(",") if dtypes else None
     if "--stamps" in sys.argv:
         for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
-            stamps(dtype)
+            if wanted is None or jnp.dtype(dtype).name in wanted:
+                stamps(dtype)
         for dtype in (jnp.bfloat16, jnp.float32):
-            stamps_vocab(dtype)
+            if wanted is None or jnp.dtype(dtype).name in wanted:
+                stamps_vocab(dtype)
     print(
         "| shape | dtype | variant | topk_filtered unsorted | sorted | top_k (values, sorted)"
         " | floor | top_k / floor |"
@@ -153,12 +157,10 @@ def main():
     ]
     vocab = [(256, 152064, 50, jnp.bfloat16, baseline), (256, 152064, 50, jnp.float32, baseline)]
     later = [("32x131072", 32, 131072, False, jnp.float32, ["new"])]
-    dtypes = os.environ.get("PHASES_DTYPES")  # e.g. "bfloat16,float16": only those rows
-    if dtypes:
-        keep = dtypes.split(",")
-        indexer = [row for row in indexer if jnp.dtype(row[4]).name in keep]
-        vocab = [row for row in vocab if jnp.dtype(row[3]).name in keep]
-        later = [row for row in later if jnp.dtype(row[4]).name in keep]
+    if wanted:
+        indexer = [row for row in indexer if jnp.dtype(row[4]).name in wanted]
+        vocab = [row for row in vocab if jnp.dtype(row[3]).name in wanted]
+        later = [row for row in later if jnp.dtype(row[4]).name in wanted]
     for label, rows, n, causal, dtype, variants in indexer:
         sets, calls, lengths = indexer_case(rows, n, causal, dtype)
         timed(label, dtype, sets, calls, floor_us(lengths, dtype, tbps), variants)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The selecting phases' time at 8 warps a block (benches/NOTES.md "What the warp-specialised
+# queue could reach"): two probe builds of the filtered kernel (JAX_TOPK_FILTERED_PROBE), main's
+# block shape and "Small blocks"' (256 threads, three blocks an SM, 4096 shared candidates,
+# clusters of at most 8 blocks: layout.cuh's constants, changed in a copy of the tree), each
+# stamped and timed on bfloat16 5536 x 131072 causal rows and [256, 152064] k = 50. Logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/small_blocks}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PHASES_VARIANTS=new PHASES_STAMPED=new PHASES_DTYPES=${PHASES_DTYPES:-bfloat16}
+root=$(pwd)
+small=/tmp/small-blocks-tree
+rm -rf "$small" && mkdir -p "$small"
+tar -c --exclude=./build --exclude=./.git . | tar -x -C "$small"
+layout=$small/cuda/kernels/filtered/layout.cuh
+sed -i -e 's/^constexpr int kThreadsPerBlock = 512;/constexpr int kThreadsPerBlock = 256;/' \
+  -e 's/^constexpr int kBlocksPerSm = 2;/constexpr int kBlocksPerSm = 3;/' \
+  -e 's/^constexpr int kSharedCandidates = 8192;/constexpr int kSharedCandidates = 4096;/' \
+  -e 's/^constexpr int kMaxClusterParts = .*;/constexpr int kMaxClusterParts = 8;/' "$layout"
+[[ $(grep -c "= 256;\|= 3;\|= 4096;\|kMaxClusterParts = 8;" "$layout") == 4 ]] ||
+  { echo "layout.cuh's constants were not all changed"; exit 1; }
+for shape in small main; do
+  tree=$root
+  [[ $shape == small ]] && tree=$small
+  start=$(date +%s)
+  (cd "$tree" && python3 -m pip install -v --no-build-isolation --no-deps -e . \
+    -C build-dir=/tmp/small-blocks-build-$shape -C cmake.define.JAX_TOPK_CUDA=ON \
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a -C cmake.define.JAX_TOPK_FILTERED_PROBE=ON \
+    -C cmake.define.CMAKE_CUDA_FLAGS="-Xptxas=-v" >"$out/build-$shape.log" 2>&1) ||
+    { tail -30 "$out/build-$shape.log"; exit 1; }
+  grep -E "registers|spill" "$out/build-$shape.log" | sort | uniq -c | sort -rn | head -12 \
+    >"$out/ptxas-$shape.txt"
+  echo "$shape: built in $(($(date +%s) - start)) s"
+  (cd "$tree" && timeout "${PHASES_LIMIT_S:-150}" python3 -m benches.probes.filtered_phases \
+    --stamps 2>&1 | grep -v "^[WI]0\|^E0" >"$out/phases-$shape.log")
+  echo "$shape: done at $(($(date +%s) - start)) s"
+done
+for shape in small main; do
+  echo "== $shape"
+  grep -A1 "^stamps " "$out/phases-$shape.log" | grep -v "^--"
+  grep "^| " "$out/phases-$shape.log"
+done
