@@ -2,7 +2,8 @@
 # The selecting phases' time at 8 warps a block (benches/NOTES.md "What the warp-specialised
 # queue could reach"): two probe builds of the filtered kernel (JAX_TOPK_FILTERED_PROBE), main's
 # block shape and "Small blocks"' (256 threads, three blocks an SM, 4096 shared candidates,
-# clusters of at most 8 blocks: layout.cuh's constants, changed in a copy of the tree), each
+# clusters of at most 8 blocks: layout.cuh's constants, changed in a copy of the tree; the
+# fused indexer's candidate limit with them), each
 # stamped and timed on bfloat16 5536 x 131072 causal rows and [256, 152064] k = 50. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,8 +20,12 @@ sed -i -e 's/^constexpr int kThreadsPerBlock = 512;/constexpr int kThreadsPerBlo
   -e 's/^constexpr int kBlocksPerSm = 2;/constexpr int kBlocksPerSm = 3;/' \
   -e 's/^constexpr int kSharedCandidates = 8192;/constexpr int kSharedCandidates = 4096;/' \
   -e 's/^constexpr int kMaxClusterParts = .*;/constexpr int kMaxClusterParts = 8;/' "$layout"
-[[ $(grep -c "= 256;\|= 3;\|= 4096;\|kMaxClusterParts = 8;" "$layout") == 4 ]] ||
-  { echo "layout.cuh's constants were not all changed"; exit 1; }
+[[ $(diff cuda/kernels/filtered/layout.cuh "$layout" | grep -c "^>") == 4 ]] ||
+  { echo "layout.cuh: not exactly the four constants changed"; exit 1; }
+# The fused indexer's candidates must fit s.candidates (indexer_topk.cu's static_assert; the
+# probe does not run the indexer).
+sed -i 's/^constexpr int64_t kIndexerMaxCandidates = 8192;/constexpr int64_t kIndexerMaxCandidates = 4096;/' \
+  "$small/cuda/common/indexer_topk_workspace.h"
 for shape in small main; do
   tree=$root
   [[ $shape == small ]] && tree=$small
