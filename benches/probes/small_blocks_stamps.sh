@@ -4,7 +4,8 @@
 # block shape and "Small blocks"' (256 threads, three blocks an SM, 4096 shared candidates,
 # clusters of at most 8 blocks: layout.cuh's constants, changed in a copy of the tree; the
 # fused indexer's candidate limit with them), each
-# stamped and timed on bfloat16 5536 x 131072 causal rows and [256, 152064] k = 50. Logs in $OUT.
+# stamped and timed on bfloat16 5536 x 131072 causal rows and [256, 152064] k = 50 (SHAPES=small:
+# the small build alone). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/small_blocks}
@@ -26,7 +27,7 @@ sed -i -e 's/^constexpr int kThreadsPerBlock = 512;/constexpr int kThreadsPerBlo
 # probe does not run the indexer).
 sed -i 's/^constexpr int64_t kIndexerMaxCandidates = 8192;/constexpr int64_t kIndexerMaxCandidates = 4096;/' \
   "$small/cuda/common/indexer_topk_workspace.h"
-for shape in small main; do
+for shape in ${SHAPES:-small main}; do
   tree=$root
   [[ $shape == small ]] && tree=$small
   start=$(date +%s)
@@ -42,7 +43,7 @@ for shape in small main; do
     --stamps 2>&1 | grep -v "^[WI]0\|^E0" >"$out/phases-$shape.log")
   echo "$shape: done at $(($(date +%s) - start)) s"
 done
-for shape in small main; do
+for shape in ${SHAPES:-small main}; do
   echo "== $shape"
   grep -A1 "^stamps " "$out/phases-$shape.log" | grep -v "^--"
   grep "^| " "$out/phases-$shape.log"
