@@ -139,9 +139,9 @@ class Target:
 QUEUE_LEAD = (
     "a queue row's serial phases (sample, select, write: ~19 us a row a block) do not overlap "
     "the next row's pass; two rows in flight a block, warp-specialised, is untried, and from "
-    "the measured phases would reach only ~1.5-2.1x (the selecting phases cost ~2x at 8 warps): "
-    "the selection's work a row must drop first (NOTES 'What the warp-specialised queue could "
-    "reach'); smaller blocks lost (NOTES 'Small blocks')"
+    "the measured phases would reach at best ~1.6-2.1x (the selecting phases an estimated ~2x "
+    "slower at 8 warps): the selection's work a row must drop first (NOTES 'What the "
+    "warp-specialised queue could reach'); smaller blocks lost (NOTES 'Small blocks')"
 )
 F32_QUEUE_LEAD = (
     "float32 causal rows draw ~3.6 TB/s with the L2 fabric ~88 % busy (NOTES 'the queue pass's "

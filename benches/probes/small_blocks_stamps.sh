@@ -3,11 +3,12 @@
 # queue could reach"): two probe builds of the filtered kernel (JAX_TOPK_FILTERED_PROBE), main's
 # block shape and "Small blocks"' (256 threads, three blocks an SM, 4096 shared candidates,
 # clusters of at most 8 blocks: layout.cuh's constants, changed in a copy of the tree; the
-# fused indexer's candidate limit with them), each
-# stamped and timed on bfloat16 5536 x 131072 causal rows and [256, 152064] k = 50 (SHAPES=small:
-# the small build alone). Logs in $OUT.
+# fused indexer's candidate limit with them), each stamped on bfloat16 5536 x 131072 causal rows
+# and [256, 152064] k = 50 and timed on those and 32 x 131072 (SHAPES=small: the small build
+# alone). Both are probe builds, which spill more than release ones: compare them with each
+# other. Two builds and two runs may not fit one 600 s device call. Logs in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 out=${OUT:-/tmp/small_blocks}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -25,14 +26,15 @@ sed -i -e 's/^constexpr int kThreadsPerBlock = 512;/constexpr int kThreadsPerBlo
   { echo "layout.cuh: not exactly the four constants changed"; exit 1; }
 # The fused indexer's candidates must fit s.candidates (indexer_topk.cu's static_assert; the
 # probe does not run the indexer).
-sed -i 's/^constexpr int64_t kIndexerMaxCandidates = 8192;/constexpr int64_t kIndexerMaxCandidates = 4096;/' \
+limit=kIndexerMaxCandidates
+sed -i "s/^constexpr int64_t $limit = 8192;/constexpr int64_t $limit = 4096;/" \
   "$small/cuda/common/indexer_topk_workspace.h"
 for shape in ${SHAPES:-small main}; do
   tree=$root
   [[ $shape == small ]] && tree=$small
-  start=$(date +%s)
+  start=$(date +%s)  # this shape's
   (cd "$tree" && python3 -m pip install -v --no-build-isolation --no-deps -e . \
-    -C build-dir=/tmp/small-blocks-build-$shape -C cmake.define.JAX_TOPK_CUDA=ON \
+    -C build-dir="/tmp/small-blocks-build-$shape" -C cmake.define.JAX_TOPK_CUDA=ON \
     -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a -C cmake.define.JAX_TOPK_FILTERED_PROBE=ON \
     -C cmake.define.CMAKE_CUDA_FLAGS="-Xptxas=-v" >"$out/build-$shape.log" 2>&1) ||
     { tail -30 "$out/build-$shape.log"; exit 1; }
