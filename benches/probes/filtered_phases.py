@@ -127,20 +127,22 @@ def timed(label, dtype, sets, calls, floor, variants):
     set_variant(0)
 
 
+def wanted(dtype) -> bool:
+    """Whether PHASES_DTYPES (e.g. "bfloat16,float16"; unset: every dtype) names `dtype`."""
+    names = os.environ.get("PHASES_DTYPES")
+    return not names or jnp.dtype(dtype).name in names.split(",")
+
+
 def main():
     tbps = copy_bandwidth_tbps()
     print(f"copy bandwidth {tbps:.2f} TB/s (read + write)")
     if "--routes" in sys.argv:
         routes()
-    dtypes = os.environ.get("PHASES_DTYPES")  # e.g. "bfloat16,float16": only those rows
-    wanted = dtypes.split(",") if dtypes else None
     if "--stamps" in sys.argv:
-        for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
-            if wanted is None or jnp.dtype(dtype).name in wanted:
-                stamps(dtype)
-        for dtype in (jnp.bfloat16, jnp.float32):
-            if wanted is None or jnp.dtype(dtype).name in wanted:
-                stamps_vocab(dtype)
+        for dtype in filter(wanted, (jnp.bfloat16, jnp.float16, jnp.float32)):
+            stamps(dtype)
+        for dtype in filter(wanted, (jnp.bfloat16, jnp.float32)):
+            stamps_vocab(dtype)
     print(
         "| shape | dtype | variant | topk_filtered unsorted | sorted | top_k (values, sorted)"
         " | floor | top_k / floor |"
@@ -157,10 +159,9 @@ def main():
     ]
     vocab = [(256, 152064, 50, jnp.bfloat16, baseline), (256, 152064, 50, jnp.float32, baseline)]
     later = [("32x131072", 32, 131072, False, jnp.float32, ["new"])]
-    if wanted:
-        indexer = [row for row in indexer if jnp.dtype(row[4]).name in wanted]
-        vocab = [row for row in vocab if jnp.dtype(row[3]).name in wanted]
-        later = [row for row in later if jnp.dtype(row[4]).name in wanted]
+    indexer = [row for row in indexer if wanted(row[4])]
+    vocab = [row for row in vocab if wanted(row[3])]
+    later = [row for row in later if wanted(row[4])]
     for label, rows, n, causal, dtype, variants in indexer:
         sets, calls, lengths = indexer_case(rows, n, causal, dtype)
         timed(label, dtype, sets, calls, floor_us(lengths, dtype, tbps), variants)
