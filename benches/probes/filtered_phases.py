@@ -1,16 +1,17 @@
 """Old against new in one probe build of the filtered kernel (CMake option JAX_TOPK_FILTERED_PROBE,
 kernels/filtered/probe.cuh): device time of topk_filtered (unsorted, sorted) and top_k under each
 set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the previous 16-bit
-filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the
-relative bins' first and last never settling the k-th key, 16: rank-order buckets without dense key
-ranks, 32: every queue pass prefetched as before PassReads, 64: crowded one-key bins of bitmap
-winners block-ranked as before; benches/NOTES.md "bf16-queue" and "the queue pass's reads" timed
-more, since removed), with --stamps the per-phase times of one call of each (2: the kernel's last
-block prints them), and with --routes the route counts of the test families built for those paths
-(tests/support/families.py). PHASES_VARIANTS and PHASES_STAMPED (comma-separated names of VARIANTS)
-choose the timed and stamped variants, PHASES_DTYPES the rows' dtypes (timed and stamped).
-Command buffers are off so that every call's launch reads the switches. Run on the GPU from the
-repo root of a probe build: python -m benches.probes.filtered_phases [--stamps] [--routes]"""
+filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the relative
+bins' first and last never settling the k-th key, 16: rank-order buckets without dense key ranks,
+32: every queue pass prefetched as before PassReads, 64: crowded one-key bins of bitmap winners
+block-ranked as before, 128: no selection, the sample and the pass alone, every result empty;
+benches/NOTES.md "bf16-queue" and "the queue pass's reads" timed more, since removed), with --stamps
+the per-phase times of one call of each (2: the kernel's last block prints them), and with --routes
+the route counts of the test families built for those paths (tests/support/families.py).
+PHASES_VARIANTS and PHASES_STAMPED (comma-separated names of VARIANTS) choose the timed and stamped
+variants, PHASES_DTYPES the rows' dtypes (timed and stamped). Command buffers are off so that every
+call's launch reads the switches. Run on the GPU from the repo root of a probe build: python -m
+benches.probes.filtered_phases [--stamps] [--routes]"""
 
 import ctypes
 import os
@@ -35,6 +36,9 @@ VARIANTS = {
     "old pass reads": 32,
     # A crowded one-key bin of bitmap winners block-ranked as before: "one-key bins marked".
     "old marks": 64,
+    # No selection (every result empty): the sample and the pass alone, the streaming phases'
+    # rate ("The selecting phases at 8 warps, measured"). Not a result to check.
+    "stream only": 128,
 }
 LIBC = ctypes.CDLL(None)
 STAMPED = tuple(os.environ.get("PHASES_STAMPED", "new").split(","))

@@ -26,6 +26,7 @@ enum ProbeFlag : int {
   kProbeOldBuckets = 16,    // rank-order buckets by key - lowest key, never by dense key ranks
   kProbeOldPassReads = 32,  // every queue pass prefetched, none staged or plain (PassReads)
   kProbeOldMarks = 64,      // a crowded one-key bin of bitmap winners ranked, not marked at once
+  kProbeStreamOnly = 128,   // no selection: the sample and the pass alone, every row's result empty
 };
 
 enum ProbePhase : int {
