@@ -7,10 +7,10 @@
 # and [256, 152064] k = 50 and timed on those and 32 x 131072 (SHAPES=small: the small build
 # alone). Both are probe builds, which spill more than release ones: compare them with each
 # other. Two builds and two runs may not fit one 600 s device call. Logs in $OUT.
-# SMALL_BLOCKS_PER_SM (default 3) sets the small build's blocks per SM; PHASES_VARIANTS and
-# PHASES_STAMPED (default new) pass through: "stream only" times the sample and the pass alone,
-# the warp-specialised design's streaming group at 2 blocks per SM (NOTES "The selecting phases
-# at 8 warps, measured").
+# SMALL_THREADS, SMALL_BLOCKS_PER_SM, SMALL_CANDIDATES and SMALL_CLUSTER_PARTS (defaults 256,
+# 3, 4096, 8) set the small build's constants; PHASES_VARIANTS and PHASES_STAMPED (default new)
+# pass through: "stream only" times the sample and the pass alone, e.g. the warp-specialised
+# design's streaming side (NOTES "The selecting phases at 8 warps, measured").
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 out=${OUT:-/tmp/small_blocks}
@@ -18,24 +18,26 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PHASES_VARIANTS=${PHASES_VARIANTS:-new} PHASES_STAMPED=${PHASES_STAMPED:-new}
 export PHASES_DTYPES=${PHASES_DTYPES:-bfloat16}
-blocks_per_sm=${SMALL_BLOCKS_PER_SM:-3}
+threads=${SMALL_THREADS:-256} blocks_per_sm=${SMALL_BLOCKS_PER_SM:-3}
+candidates=${SMALL_CANDIDATES:-4096} cluster_parts=${SMALL_CLUSTER_PARTS:-8}
 root=$(pwd)
 small=/tmp/small-blocks-tree
 rm -rf "$small" && mkdir -p "$small"
 tar -c --exclude=./build --exclude=./.git . | tar -x -C "$small"
 layout=$small/cuda/kernels/filtered/layout.cuh
-sed -i -e 's/^constexpr int kThreadsPerBlock = 512;/constexpr int kThreadsPerBlock = 256;/' \
-  -e "s/^constexpr int kBlocksPerSm = 2;/constexpr int kBlocksPerSm = $blocks_per_sm;/" \
-  -e 's/^constexpr int kSharedCandidates = 8192;/constexpr int kSharedCandidates = 4096;/' \
-  -e 's/^constexpr int kMaxClusterParts = .*;/constexpr int kMaxClusterParts = 8;/' "$layout"
-changed=4
-[[ $blocks_per_sm == 2 ]] && changed=3  # main's own value
-[[ $(diff cuda/kernels/filtered/layout.cuh "$layout" | grep -c "^>") == "$changed" ]] ||
-  { echo "layout.cuh: not exactly the $changed constants changed"; exit 1; }
+sed -i -e "s/^constexpr int kThreadsPerBlock = .*;/constexpr int kThreadsPerBlock = $threads;/" \
+  -e "s/^constexpr int kBlocksPerSm = .*;/constexpr int kBlocksPerSm = $blocks_per_sm;/" \
+  -e "s/^constexpr int kSharedCandidates = .*;/constexpr int kSharedCandidates = $candidates;/" \
+  -e "s/^constexpr int kMaxClusterParts = .*;/constexpr int kMaxClusterParts = $cluster_parts;/" \
+  "$layout"
+for line in "kThreadsPerBlock = $threads" "kBlocksPerSm = $blocks_per_sm" \
+  "kSharedCandidates = $candidates" "kMaxClusterParts = $cluster_parts"; do
+  grep -q "^constexpr int $line;$" "$layout" || { echo "layout.cuh: no '$line'"; exit 1; }
+done
 # The fused indexer's candidates must fit s.candidates (indexer_topk.cu's static_assert; the
 # probe does not run the indexer).
 limit=kIndexerMaxCandidates
-sed -i "s/^constexpr int64_t $limit = 8192;/constexpr int64_t $limit = 4096;/" \
+sed -i "s/^constexpr int64_t $limit = .*;/constexpr int64_t $limit = $candidates;/" \
   "$small/cuda/common/indexer_topk_workspace.h"
 for shape in ${SHAPES:-small main}; do
   tree=$root

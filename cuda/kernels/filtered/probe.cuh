@@ -31,7 +31,8 @@ enum ProbeFlag : int {
 
 enum ProbePhase : int {
   kPhaseQueue,         // from the last stamp (the previous row's end) to a row's start
-  kPhaseSampleCoarse,  // the sample's loads, its first histogram and search
+  kPhaseSampleLoads,   // the sample's loads, as warp 0 waits for its own
+  kPhaseSampleCoarse,  // the sample's first histogram and search (and the other warps' loads)
   kPhaseSample,        // the sample's second histogram and search (the cutoffs)
   kPhaseClaim,         // the queue's next row (its claim and length) after the sample
   kPhasePass,          // every filtering pass of the row
@@ -132,20 +133,21 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   atomicExch(&g_probe_blocks_done, 0u);
   const double rows = counts[kCountRows] > 0 ? static_cast<double>(counts[kCountRows]) : 1.0;
   printf(
-      "probe grid=%u rows=%llu us/row/block: queue %.2f sample %.2f + %.2f claim %.2f pass %.2f "
+      "probe grid=%u rows=%llu us/row/block: queue %.2f sample loads %.2f, rest %.2f + %.2f "
+      "claim %.2f pass %.2f "
       "select %.2f put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu "
       "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu, marked %llu) "
       "digits %llu; ties block %llu bitmap %llu digits %llu; dense-rank buckets %llu, spills "
       "%llu; kept/row %.0f\n",
       gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3,
-      ns[kPhaseSampleCoarse] / rows / 1e3, ns[kPhaseSample] / rows / 1e3,
-      ns[kPhaseClaim] / rows / 1e3, ns[kPhasePass] / rows / 1e3, ns[kPhaseSelect] / rows / 1e3,
-      ns[kPhasePut] / rows / 1e3, ns[kPhaseExact] / rows / 1e3, ns[kPhaseWrite] / rows / 1e3,
-      ns[kPhaseTail] / 1e3, counts[kCountSecondary], counts[kCountExact], counts[kCountWarpRank],
-      counts[kCountBlockRank], counts[kCountOneKeyBin], counts[kCountGatheredBin],
-      counts[kCountMarkedBin], counts[kCountDigitRank], counts[kCountTieBlock],
-      counts[kCountTieBitmap], counts[kCountTieDigits], counts[kCountDenseRanks],
-      counts[kCountBucketSpill], counts[kCountKept] / rows);
+      ns[kPhaseSampleLoads] / rows / 1e3, ns[kPhaseSampleCoarse] / rows / 1e3,
+      ns[kPhaseSample] / rows / 1e3, ns[kPhaseClaim] / rows / 1e3, ns[kPhasePass] / rows / 1e3,
+      ns[kPhaseSelect] / rows / 1e3, ns[kPhasePut] / rows / 1e3, ns[kPhaseExact] / rows / 1e3,
+      ns[kPhaseWrite] / rows / 1e3, ns[kPhaseTail] / 1e3, counts[kCountSecondary],
+      counts[kCountExact], counts[kCountWarpRank], counts[kCountBlockRank], counts[kCountOneKeyBin],
+      counts[kCountGatheredBin], counts[kCountMarkedBin], counts[kCountDigitRank],
+      counts[kCountTieBlock], counts[kCountTieBitmap], counts[kCountTieDigits],
+      counts[kCountDenseRanks], counts[kCountBucketSpill], counts[kCountKept] / rows);
 #else
   (void)s;
 #endif

@@ -65,6 +65,7 @@ __device__ __forceinline__ Cutoffs SampleCutoffs(SharedStorage& s,
   }
   largest = __reduce_max_sync(kFullMask, largest);
   if (threadIdx.x % kWarpSize == 0) atomicMax(&s.sample_largest, largest);  // read after a barrier
+  ProbeStamp(s, kPhaseSampleLoads);  // thread 0: once warp 0's lines have come
   // Sampled rank whose key leaves ~kRetention * k row items above it (positions <= 4096). The
   // row's top k put a Poisson count of mean e = k * positions / length into the sample, so a
   // slack of 4 sqrt(e) + 8 leaves an under-filled primary below ~1e-6 for any e; the caller's
