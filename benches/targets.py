@@ -137,19 +137,19 @@ class Target:
 
 
 QUEUE_LEAD = (
-    "a queue row's serial phases (sample, select, write: ~19 us a row a block) do not overlap "
-    "the next row's pass; two rows in flight a block, warp-specialised, would not beat main: "
-    "measured on an H100, 8 warps stream a row in 28.5 us (their sample 9 us) against 19.1 to "
-    "select it, so a block's cycle stays ~28.5 us, ~599 us a call where main takes 593; main's "
-    "blocks streaming with no selection run at 1.11x that GPU's floor, so the selection's work "
-    "a row must drop (NOTES 'The selecting phases at 8 warps, measured'); smaller blocks lost "
-    "(NOTES 'Small blocks')"
+    "a queue row's serial phases (sample, select, write: ~19 us per row per block) do not "
+    "overlap the next row's pass; two rows in flight per block, warp-specialised, is unbuilt: "
+    "on an H100 its 8-warp streaming side takes 26.9 us per row (sample 9.4) against 15.8 to "
+    "select, which bounds top_k at 564 us there against main's 692 (H200 unmeasured: 1.2-1.7x "
+    "its floor); 16-warp groups in one 1024-thread block per SM are unmeasured; cub's block "
+    "sorts sync the whole block (NOTES 'The selecting phases at 8 warps, measured'); smaller "
+    "blocks lost (NOTES 'Small blocks')"
 )
 F32_QUEUE_LEAD = (
     "float32 causal rows draw ~3.6 TB/s with the L2 fabric ~88 % busy (NOTES 'the queue pass's "
-    "reads'), so overlapping a row's serial phases would not reach 1.1x alone (two rows in "
-    "flight a block, warp-specialised, would not beat main on bfloat16 rows: NOTES 'The "
-    "selecting phases at 8 warps, measured'); smaller blocks lost (NOTES 'Small blocks')"
+    "reads'), so overlapping a row's serial phases would not reach 1.1x alone (on an H100, "
+    "bfloat16 rows streamed with no selection took 1.11x the floor: NOTES 'The selecting "
+    "phases at 8 warps, measured'); smaller blocks lost (NOTES 'Small blocks')"
 )
 PREFILL_SHAPES = [(128, 65536), (512, 65536), (2048, 32768), (4096, 131072)]  # issue 15, M >= 128
 FEW_ROWS_LEAD = (

@@ -4,7 +4,7 @@ set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the prev
 filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the relative
 bins' first and last never settling the k-th key, 16: rank-order buckets without dense key ranks,
 32: every queue pass prefetched as before PassReads, 64: crowded one-key bins of bitmap winners
-block-ranked as before, 128: no selection, the sample and the pass alone, every result empty;
+block-ranked as before, 128: a row's primary pass, then no selection, its result empty;
 benches/NOTES.md "bf16-queue" and "the queue pass's reads" timed more, since removed), with --stamps
 the per-phase times of one call of each (2: the kernel's last block prints them), and with --routes
 the route counts of the test families built for those paths (tests/support/families.py).
@@ -36,8 +36,9 @@ VARIANTS = {
     "old pass reads": 32,
     # A crowded one-key bin of bitmap winners block-ranked as before: "one-key bins marked".
     "old marks": 64,
-    # No selection (every result empty): the sample and the pass alone, the streaming phases'
-    # rate ("The selecting phases at 8 warps, measured"). Not a result to check.
+    # A row's primary pass, then no selection (its result empty; a split launch's settled rows
+    # still select): the streaming phases' rate ("The selecting phases at 8 warps, measured").
+    # Not a result to check.
     "stream only": 128,
 }
 LIBC = ctypes.CDLL(None)

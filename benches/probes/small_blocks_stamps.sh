@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# The selecting phases' time at 8 warps a block (benches/NOTES.md "What the warp-specialised
-# queue could reach"): two probe builds of the filtered kernel (JAX_TOPK_FILTERED_PROBE), main's
-# block shape and "Small blocks"' (256 threads, three blocks an SM, 4096 shared candidates,
-# clusters of at most 8 blocks: layout.cuh's constants, changed in a copy of the tree; the
-# fused indexer's candidate limit with them), each stamped on bfloat16 5536 x 131072 causal rows
-# and [256, 152064] k = 50 and timed on those and 32 x 131072 (SHAPES=small: the small build
-# alone). Both are probe builds, which spill more than release ones: compare them with each
-# other. Two builds and two runs may not fit one 600 s device call. Logs in $OUT.
-# SMALL_THREADS, SMALL_BLOCKS_PER_SM, SMALL_CANDIDATES and SMALL_CLUSTER_PARTS (defaults 256,
-# 3, 4096, 8) set the small build's constants; PHASES_VARIANTS and PHASES_STAMPED (default new)
-# pass through: "stream only" times the sample and the pass alone, e.g. the warp-specialised
-# design's streaming side (NOTES "The selecting phases at 8 warps, measured").
+# Two probe builds of the filtered kernel (JAX_TOPK_FILTERED_PROBE) in one call: "small", whose
+# layout.cuh constants are changed in a copy of the tree (SMALL_THREADS, SMALL_BLOCKS_PER_SM,
+# SMALL_CANDIDATES, SMALL_CLUSTER_PARTS; defaults 256, 3, 4096, 8: "Small blocks"' shape; the
+# fused indexer's candidate limit follows SMALL_CANDIDATES), and "main", the tree as it is. Each
+# is stamped on bfloat16 5536 x 131072 causal rows and [256, 152064] k = 50 and timed on those
+# and 32 x 131072 (benches/probes/filtered_phases.py; SHAPES=small or SHAPES=main: one build).
+# PHASES_VARIANTS and PHASES_STAMPED (default new) and PHASES_DTYPES (default bfloat16) pass
+# through; "stream only" times a row's sample and pass alone (benches/NOTES.md "The selecting
+# phases at 8 warps, measured", which also gives the one-block-per-SM invocation). Both are
+# probe builds, which spill more than release ones: compare them with each other. Two builds and
+# two runs may not fit one 600 s device call. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 out=${OUT:-/tmp/small_blocks}
@@ -37,8 +36,10 @@ done
 # The fused indexer's candidates must fit s.candidates (indexer_topk.cu's static_assert; the
 # probe does not run the indexer).
 limit=kIndexerMaxCandidates
-sed -i "s/^constexpr int64_t $limit = .*;/constexpr int64_t $limit = $candidates;/" \
-  "$small/cuda/common/indexer_topk_workspace.h"
+workspace=$small/cuda/common/indexer_topk_workspace.h
+sed -i "s/^constexpr int64_t $limit = .*;/constexpr int64_t $limit = $candidates;/" "$workspace"
+grep -q "^constexpr int64_t $limit = $candidates;$" "$workspace" ||
+  { echo "indexer_topk_workspace.h: no '$limit = $candidates'"; exit 1; }
 for shape in ${SHAPES:-small main}; do
   tree=$root
   [[ $shape == small ]] && tree=$small

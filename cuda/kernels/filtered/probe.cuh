@@ -26,7 +26,7 @@ enum ProbeFlag : int {
   kProbeOldBuckets = 16,    // rank-order buckets by key - lowest key, never by dense key ranks
   kProbeOldPassReads = 32,  // every queue pass prefetched, none staged or plain (PassReads)
   kProbeOldMarks = 64,      // a crowded one-key bin of bitmap winners ranked, not marked at once
-  kProbeStreamOnly = 128,   // no selection: the sample and the pass alone, every row's result empty
+  kProbeStreamOnly = 128,   // a row's primary pass, then no selection: its result empty
 };
 
 enum ProbePhase : int {

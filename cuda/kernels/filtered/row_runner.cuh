@@ -126,7 +126,8 @@ __device__ __forceinline__ int SelectJobRow(SharedStorage& s, const FilteredLaun
     const int kept = FilterColumns<Elements>(s, row, 0, s.job.length, KeepThreshold(cutoff), keep);
     ProbeStamp(s, kPhasePass);
     if (route == Route::kSecondary) ProbeCount(s, kCountSecondary);
-    // A probe of the streaming phases alone (benches/NOTES.md "The selecting phases at 8 warps").
+    // The streaming phases' own rate, what a block that only streams could reach (benches/NOTES.md
+    // "The selecting phases at 8 warps"): the first pass, then nothing to select.
     if (ProbeOn(s, kProbeStreamOnly)) return 0;
     if (kept > keep.Capacity()) break;  // overflow: the exact route re-reads the row
     if (kept >= k || KeepsAll(cutoff)) {
