@@ -24,14 +24,11 @@ small=/tmp/small-blocks-tree
 rm -rf "$small" && mkdir -p "$small"
 tar -c --exclude=./build --exclude=./.git . | tar -x -C "$small"
 layout=$small/cuda/kernels/filtered/layout.cuh
-sed -i -e "s/^constexpr int kThreadsPerBlock = .*;/constexpr int kThreadsPerBlock = $threads;/" \
-  -e "s/^constexpr int kBlocksPerSm = .*;/constexpr int kBlocksPerSm = $blocks_per_sm;/" \
-  -e "s/^constexpr int kSharedCandidates = .*;/constexpr int kSharedCandidates = $candidates;/" \
-  -e "s/^constexpr int kMaxClusterParts = .*;/constexpr int kMaxClusterParts = $cluster_parts;/" \
-  "$layout"
-for line in "kThreadsPerBlock = $threads" "kBlocksPerSm = $blocks_per_sm" \
+# Each constant set, then checked (a renamed one would leave main's value silently).
+for setting in "kThreadsPerBlock = $threads" "kBlocksPerSm = $blocks_per_sm" \
   "kSharedCandidates = $candidates" "kMaxClusterParts = $cluster_parts"; do
-  grep -q "^constexpr int $line;$" "$layout" || { echo "layout.cuh: no '$line'"; exit 1; }
+  sed -i "s/^constexpr int ${setting%% *} = .*;/constexpr int $setting;/" "$layout"
+  grep -q "^constexpr int $setting;$" "$layout" || { echo "layout.cuh: no '$setting'"; exit 1; }
 done
 # The fused indexer's candidates must fit s.candidates (indexer_topk.cu's static_assert; the
 # probe does not run the indexer).
