@@ -204,12 +204,17 @@ TARGETS = [
     *sampling_targets(
         "bfloat16",
         "bf16",
-        "one row a block in one wave: the sample (~5 us of cold loads and histograms) "
-        "and the selection are exposed; a rising cutoff in place of the sample lost "
-        "(NOTES 'A rising-cutoff route')",
+        "one row per block in one wave: the sample (~5 us of cold loads and histograms), the "
+        "selection and ~7 us of launch and tail are exposed; k <= 64 by sorted lists took 4.6 us "
+        "off on an H100 (NOTES 'Few winners'; not yet timed on the H200, ~1.6x expected); a "
+        "rising cutoff in place of the sample lost (NOTES 'A rising-cutoff route')",
     ),
     *sampling_targets(
-        "float32", "f32", "as bf16: the ~13 us of sample and selection a row that nothing overlaps"
+        "float32",
+        "f32",
+        "as bf16: ~9 us of sample and selection per row that nothing overlaps; k <= 64 by sorted "
+        "lists took 2.3 us off on an H100 (NOTES 'Few winners'), which would put the H200's row "
+        "at ~1.30x, not yet timed there",
     ),
     *[
         Target(

@@ -4,7 +4,8 @@ set of switches in the environment variable JAX_TOPK_FILTERED_PROBE (1: the prev
 filtering tile, 4: the previous radix-only selection of crowded bins and tie groups, 8: the relative
 bins' first and last never settling the k-th key, 16: rank-order buckets without dense key ranks,
 32: every queue pass prefetched as before PassReads, 64: crowded one-key bins of bitmap winners
-block-ranked as before, 128: a row's primary pass, then no selection, its result empty;
+block-ranked as before, 128: a row's primary pass, then no selection, its result empty, 256:
+k <= 64 of a few kept candidates by the radix route;
 benches/NOTES.md "bf16-queue" and "the queue pass's reads" timed more, since removed), with --stamps
 the per-phase times of one call of each (2: the kernel's last block prints them), and with --routes
 the route counts of the test families built for those paths (tests/support/families.py).
@@ -40,6 +41,8 @@ VARIANTS = {
     # still select): the streaming phases' rate ("The selecting phases at 8 warps, measured").
     # Not a result to check.
     "stream only": 128,
+    # k <= 64 of a few kept candidates by the radix route, as before few_winners.cuh.
+    "old few winners": 256,
 }
 LIBC = ctypes.CDLL(None)
 STAMPED = tuple(os.environ.get("PHASES_STAMPED", "new").split(","))
@@ -112,10 +115,11 @@ def stamps_vocab(dtype, rows=256, n=152064, k=50):
     fn = jax.jit(lambda x: jax_topk.top_k(x, k))
     sets = [(scores_of.normal(jax.random.key(i), (rows, n), dtype),) for i in range(2)]
     jax.block_until_ready(fn(*sets[0]))
-    set_variant(2)
-    print(f"stamps {jnp.dtype(dtype).name} [{rows}, {n}] top_k k={k} [new]:", flush=True)
-    jax.block_until_ready(fn(*sets[1]))
-    LIBC.fflush(None)
+    for variant in STAMPED:
+        set_variant(VARIANTS[variant] | 2)
+        print(f"stamps {jnp.dtype(dtype).name} [{rows}, {n}] top_k k={k} [{variant}]:", flush=True)
+        jax.block_until_ready(fn(*sets[1]))
+        LIBC.fflush(None)
     set_variant(0)
 
 
@@ -162,7 +166,13 @@ def main():
         ("5536x131072 causal", 5536, 131072, True, jnp.float16, baseline),
         ("32x131072", 32, 131072, False, jnp.bfloat16, baseline),
     ]
-    vocab = [(256, 152064, 50, jnp.bfloat16, baseline), (256, 152064, 50, jnp.float32, baseline)]
+    vocab = [(256, 152064, 50, jnp.bfloat16, every), (256, 152064, 50, jnp.float32, every)]
+    if "old few winners" in TIMED:  # few_winners.cuh's other rows: split rows, other k
+        vocab += [
+            (rows, 152064, k, dtype, every)
+            for rows, k in ((64, 50), (8, 50), (256, 8), (256, 64))
+            for dtype in (jnp.bfloat16, jnp.float32)
+        ]
     later = [("32x131072", 32, 131072, False, jnp.float32, ["new"])]
     indexer = [row for row in indexer if wanted(row[4])]
     vocab = [row for row in vocab if wanted(row[3])]

@@ -87,7 +87,7 @@ def _merge_cases(gpu, cpu, rng):
 def _filtered_16bit_cases(gpu, cpu, rng):
     """topk_filtered and top_k on 16-bit rows alone (the packed filtering tile, crowded k-th
     bins and tie groups ranked by the block, the k-th key in the lowest relative bin, dense key
-    ranks in rank order): queue rows, split rows, ties, specials."""
+    ranks in rank order, few winners by sorted lists): queue rows, split rows, ties, specials."""
     bf16, f16 = jax.numpy.bfloat16, np.float16
     cases = [
         (rng.standard_normal((300, 20_000), np.float32).astype(bf16), 2048),
@@ -98,6 +98,8 @@ def _filtered_16bit_cases(gpu, cpu, rng):
         (np.round(rng.standard_normal((300, 20_000), np.float32) * 4).astype(f16) / 4, 512),
         (_nan_and_zero_rows(rng, 12, 40_001), 2048),
         (_nan_and_zero_rows(rng, 12, 40_001).astype(f16), 64),
+        # k <= 64 of a few kept candidates: the warps' sorted lists (few_winners.cuh).
+        (rng.standard_normal((300, 20_000), np.float32).astype(bf16), 50),
         (_periodic_rows(rng, 40, 40_003).astype(bf16), 2048),
         # The k-th key in the lowest relative bin (one key, or +-0), and few keys over a span
         # (rank-order buckets by dense key ranks, crowded ones to the radix sort).

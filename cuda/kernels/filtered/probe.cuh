@@ -19,14 +19,15 @@ namespace jax_topk {
 namespace {
 
 enum ProbeFlag : int {
-  kProbeOld16BitLoop = 1,   // the 16-bit filtering tile widened a value at a time
-  kProbeStamps = 2,         // phase stamps and route counts, printed by the launch's last block
-  kProbeOldSelection = 4,   // crowded bins and tie groups of 33+ by radix digits only
-  kProbeOldBinEdges = 8,    // the first and last relative bins never settle the k-th key
-  kProbeOldBuckets = 16,    // rank-order buckets by key - lowest key, never by dense key ranks
-  kProbeOldPassReads = 32,  // every queue pass prefetched, none staged or plain (PassReads)
-  kProbeOldMarks = 64,      // a crowded one-key bin of bitmap winners ranked, not marked at once
-  kProbeStreamOnly = 128,   // a row's primary pass, then no selection: its result empty
+  kProbeOld16BitLoop = 1,     // the 16-bit filtering tile widened a value at a time
+  kProbeStamps = 2,           // phase stamps and route counts, printed by the launch's last block
+  kProbeOldSelection = 4,     // crowded bins and tie groups of 33+ by radix digits only
+  kProbeOldBinEdges = 8,      // the first and last relative bins never settle the k-th key
+  kProbeOldBuckets = 16,      // rank-order buckets by key - lowest key, never by dense key ranks
+  kProbeOldPassReads = 32,    // every queue pass prefetched, none staged or plain (PassReads)
+  kProbeOldMarks = 64,        // a crowded one-key bin of bitmap winners ranked, not marked at once
+  kProbeStreamOnly = 128,     // a row's primary pass, then no selection: its result empty
+  kProbeOldFewWinners = 256,  // k <= 64 of a few kept candidates by the radix route
 };
 
 enum ProbePhase : int {

@@ -9,6 +9,7 @@
 // barrier, so that the next row may start at once.
 #pragma once
 
+#include "kernels/filtered/few_winners.cuh"
 #include "kernels/filtered/filtering_pass.cuh"
 #include "kernels/filtered/probe.cuh"
 #include "kernels/filtered/sample.cuh"
@@ -97,10 +98,18 @@ __device__ __forceinline__ WinnersTo JobWinnersTo(const SharedStorage& s,
 }
 
 // The job's top-k over `kept` candidates of `cutoff`, put in `keep` (s.candidates, then the
-// slice) by this block or merged into s.candidates by a split row's cluster.
+// slice) by this block or merged into s.candidates by a split row's cluster: by warps' sorted
+// lists for k <= 64 of at most 4096 (few_winners.cuh), else by the radix selection.
 template <class Elements>
 __device__ __forceinline__ int SelectKept(SharedStorage& s, const CandidateSink& keep, int k,
                                           uint32_t cutoff, int kept, WinnersTo to) {
+  if (UsesFewWinners(k, kept, keep.shared_capacity, to == WinnersTo::kSelected) &&
+      !ProbeOn(s, kProbeOldFewWinners)) {
+    const int m = SelectFewWinners(s, kept, k);
+    ProbeStamp(s, kPhaseSelect);
+    ProbeStamp(s, kPhasePut);
+    return m;
+  }
   const CandidateSource candidates{s.candidates, keep.shared_capacity, keep.global, kept};
   const Selection selection = SelectCandidates(s, candidates, k, KeepsAll(cutoff) ? 0u : cutoff,
                                                s.sample_largest, to, Elements::kKeyStepBits);

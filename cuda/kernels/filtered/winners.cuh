@@ -9,6 +9,7 @@
 // s.work (as the sort's storage) and ends with a barrier, after which both are free again.
 #pragma once
 
+#include "kernels/filtered/few_winners.cuh"
 #include "kernels/filtered/layout.cuh"
 #include "kernels/filtered/probe.cuh"
 #include "kernels/topk_scan.cuh"
@@ -177,8 +178,9 @@ __device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int
 
 // Rank order of at most kWarpSortItems winners, in place in s.work.selected, by the first warp
 // alone (no block barriers): a bitonic network over 64-bit (key, reversed column) composites, two a
-// lane, whose partners are the lane's other register or a shuffle away. The block's radix sort
-// would take its passes over all kMaxK slots for a handful of winners (top_k's k = 50, say).
+// lane, whose partners are the lane's other register or a shuffle away; none when they are in rank
+// order already. The block's radix sort would take its passes over all kMaxK slots for a handful
+// of winners (top_k's k = 50, say).
 constexpr int kWarpSortItems = 2 * kWarpSize;
 
 __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
@@ -187,10 +189,16 @@ __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int slot = r * kWarpSize + lane;
-    item[r] = slot < m ? (uint64_t{OrderedKeyF32(s.work.selected.bits[slot])} << 32) |
-                             (0xFFFFFFFFu - s.work.selected.col[slot])
-                       : 0u;
+    item[r] = slot < m ? RankComposite(s.work.selected.bits[slot], s.work.selected.col[slot]) : 0u;
   }
+  // Already in rank order (few_winners.cuh puts them so): each item at least its successor's.
+  const uint64_t down[2] = {__shfl_down_sync(kFullMask, item[0], 1),
+                            __shfl_down_sync(kFullMask, item[1], 1)};
+  const uint64_t second_first = __shfl_sync(kFullMask, item[1], 0);  // element 32
+  const bool last_lane = lane + 1 == kWarpSize;
+  if (__all_sync(kFullMask, item[0] >= (last_lane ? second_first : down[0]) &&
+                                (last_lane || item[1] >= down[1])))
+    return;
 #pragma unroll
   for (int size = 2; size <= kWarpSortItems; size <<= 1) {  // descending overall
 #pragma unroll
@@ -211,14 +219,7 @@ __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
     }
   }
   __syncwarp();  // every lane has read its items
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int slot = r * kWarpSize + lane;
-    if (slot < m) {
-      s.work.selected.bits[slot] = BitsFromOrderedKeyF32(static_cast<uint32_t>(item[r] >> 32));
-      s.work.selected.col[slot] = 0xFFFFFFFFu - static_cast<uint32_t>(item[r]);
-    }
-  }
+  PutRankComposites(s, item, m);
 }
 
 // Rank order by buckets: the composite c = (key part, reversed column) (the key part: key - low,
