@@ -140,17 +140,17 @@ QUEUE_LEAD = (
     "a queue row's serial phases (sample, select, write: ~19 us per row per block) do not "
     "overlap the next row's pass; two rows in flight per SM, warp-specialised, is unbuilt and "
     "would not reach the target alone: the selecting phases take 9.7 us per row alone on an SM "
-    "and 12.9 beside a streaming block, against the 9.85 per row per SM that 1.25x allows; on "
+    "and 12.9 beside another block of main, against the 9.85 per row per SM that 1.25x allows; on "
     "an H100 its streaming side (one 16-warp group per SM) takes 13.3 us per row, which bounds "
     "top_k at 558 us there against main's 695 (NOTES 'One 16-warp block per SM streaming'); "
     "cub's block sorts sync the whole block; smaller blocks lost (NOTES 'Small blocks')"
 )
 F32_QUEUE_LEAD = (
     "float32 causal rows draw ~3.6 TB/s with the L2 fabric ~88 % busy (NOTES 'the queue pass's "
-    "reads'), so overlapping a row's serial phases would not reach 1.1x alone; on an H100 they "
-    "take 1.11x with selection and 1.09x streaming with none (NOTES 'One 16-warp block per SM "
-    "streaming'), so there the pass itself is the limit; no stream-only H200 figure yet; smaller "
-    "blocks lost (NOTES 'Small blocks')"
+    "reads'), so overlapping a row's serial phases would not reach 1.1x alone; on an H100 "
+    "unsorted rows take 1.11x with selection and 1.09x streaming with none (NOTES 'One 16-warp "
+    "block per SM streaming'), so there the pass itself is the limit; no stream-only H200 figure "
+    "yet; smaller blocks lost (NOTES 'Small blocks')"
 )
 PREFILL_SHAPES = [(128, 65536), (512, 65536), (2048, 32768), (4096, 131072)]  # issue 15, M >= 128
 FEW_ROWS_LEAD = (

@@ -471,20 +471,26 @@ def assert_top_k_same_bits(operand, k, lengths, sorted_, err_msg=""):
 
 # k <= 64 of at most 4096 kept candidates takes warps' sorted lists (few_winners.cuh), not the
 # radix route: every family (ascending rows make each batch rise above its warp's list; ties and
-# near-ties keep too many and take the radix route), lengths at k's edges (rows of at most 8192
-# columns are kept whole, past 4096 by the radix route), both orders and top_k's values. 300 rows
-# are a queue of more rows than workers; 3 rows of 40003 a cluster each, merged into part 0 (few
-# float32 rows kept off topk_f32_cluster).
+# near-ties keep too many and take the radix route), each 16-bit type, lengths at k's edges and at
+# the route's 4096 (rows of at most 8192 columns are kept whole: 4096 of a NaN-free row take the
+# lists, 4097 the radix route), both orders and top_k's values. 300 rows are a queue of more rows
+# than workers; 3 rows of 40003 a cluster each for their full rows, merged into part 0 (few float32
+# rows kept off topk_f32_cluster), beside one short row.
 @pytest.mark.parametrize("rows, n", [(300, 20_011), (3, 40_003)])
 @pytest.mark.parametrize("k", [2, 50, 64, 65])
 def test_filtered_few_winners(rows, n, k, monkeypatch):
     monkeypatch.setenv("JAX_TOPK_F32_CLUSTER", "off")
     rng = np.random.default_rng(58 + rows + k)
-    for dtype in ("float32", "bfloat16"):
-        for family in sorted(families.FAMILIES):
+    edges = [k - 1, k, k + 1, 4096, 4097, 8192, 0, -5]
+    for dtype in ("float32",) + SIXTEEN_BIT:
+        for number, family in enumerate(sorted(families.FAMILIES)):
             scores = families.make(family, rng, (rows, n), dtype)
-            lengths = families.edge_lengths(k, n, rows, rng)
-            lengths[-2:] = [n, rng.integers(4096, 8193)]
+            if rows > len(edges):
+                lengths = families.edge_lengths(k, n, rows, rng)
+                lengths[-len(edges) :] = edges
+            else:  # full rows but one, whose length goes round the edges
+                lengths = np.full(rows, n, np.int32)
+                lengths[-1] = edges[number % len(edges)]
             for sorted_ in (False, True):
                 assert_same_on_both("topk_filtered", scores, lengths, k=k, sorted=sorted_)
             assert_top_k_same_bits(scores, k, lengths, True, err_msg=f"{dtype} {family}")

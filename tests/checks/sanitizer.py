@@ -2,9 +2,9 @@
 indexer's), small enough to run under compute-sanitizer
 (`compute-sanitizer python -m tests.checks.sanitizer`, see .ci/gpu; `... sanitizer merge` runs
 merge_topk's alone, `... sanitizer filtered16` the filtered kernel's 16-bit rows alone, `...
-sanitizer f32rows` the register kernel for few float32 rows alone, `... sanitizer f32cluster`
-the cluster kernel for few float32 rows alone): checks
-the result against the CPU handler too, bit for bit (the indexer's logits within the SPEC's
+sanitizer few` its k <= 64 by sorted lists alone, `... sanitizer f32rows` the register kernel for
+few float32 rows alone, `... sanitizer f32cluster` the cluster kernel for few float32 rows alone):
+checks the result against the CPU handler too, bit for bit (the indexer's logits within the SPEC's
 bound of it)."""
 
 import sys
@@ -147,6 +147,21 @@ def _top_k_matches(gpu, cpu, rng, cases):
                 np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
 
 
+def _few_winners_cases(gpu, cpu, rng):
+    """k <= 64 of a few kept candidates by the warps' sorted lists (few_winners.cuh), for racecheck
+    of their merge through shared memory: rows a block each and split rows merged into part 0 (few
+    float32 rows kept off their own kernels), ascending rows whose every batch rises."""
+    scores = rng.standard_normal((24, 20_000), np.float32)
+    cases = [
+        (scores.astype(jax.numpy.bfloat16), 50),
+        (scores, 8),
+        (rng.standard_normal((2, 40_003), np.float32), 64),
+        (families.ascending(rng, (2, 40_003), np.float32), 64),
+    ]
+    with kernel_switches(JAX_TOPK_F32_CLUSTER="off", JAX_TOPK_F32_ROWS="off"):
+        _top_k_matches(gpu, cpu, rng, cases)
+
+
 def _f32_rows_cases(gpu, cpu, rng):
     """The register kernel for few float32 rows of <= 32768 columns: its sampled cutoff, its
     fallback over the registers (constant and crowded rows, sample foolers), NaN and signed
@@ -217,6 +232,10 @@ def main():
     if sys.argv[1:] == ["filtered16"]:  # the filtered kernel's 16-bit rows alone
         _filtered_16bit_cases(gpu, cpu, rng)
         print("sanitizer cases (16-bit filtered): ok")
+        return
+    if sys.argv[1:] == ["few"]:  # k <= 64 by the filtered kernel's sorted lists alone
+        _few_winners_cases(gpu, cpu, rng)
+        print("sanitizer cases (few winners): ok")
         return
     if sys.argv[1:] == ["f32rows"]:  # the register kernel for few float32 rows alone
         _f32_rows_cases(gpu, cpu, rng)

@@ -1,13 +1,13 @@
 // Few winners: the top k <= kFewWinnersMaxK of a row's kept candidates (all in s.candidates) by
 // sorted lists in registers, for small k (vocabulary sampling: k = 50 of ~600 kept), where the
-// radix selection's histograms, searches, tie quota and gather took 3.9-5.4 us a row and these
+// radix selection's histograms, searches, tie quota and gather took 3.5-5.6 us per row and these
 // take ~2.4 (benches/NOTES.md "Few winners"):
 //   1. each warp keeps the top 64 of its share of the candidates as a descending list, two items
-//      a lane, of 64-bit composites (ordered key, reversed column): a batch of 32 is sorted by a
+//      per lane, of 64-bit composites (ordered key, reversed column): a batch of 32 is sorted by a
 //      bitonic network and merged into the list (max against the reversed batch, then a bitonic
 //      merge; the first batch is the list); a batch with nothing above the list's last item is
 //      skipped;
-//   2. the 16 lists are merged pairwise in shared memory, 8 + 4 + 2 + 1 warps, a barrier a level;
+//   2. the 16 lists are merged pairwise in shared memory, 8 + 4 + 2 + 1 warps, a barrier per level;
 //   3. warp 0 puts the first min(k, valid) of the last list into s.work.selected, in rank order.
 // The composites are a total order (key descending, then column ascending) and NaN is never one
 // (its composite is 0, below every valid one), so the winners are the radix route's, bit for bit.
@@ -22,7 +22,7 @@
 namespace jax_topk {
 namespace {
 
-constexpr int kFewWinnersMaxK = 2 * kWarpSize;  // a list of two items a lane
+constexpr int kFewWinnersMaxK = 2 * kWarpSize;  // a list of two items per lane
 // The most candidates taken this way: a warp sorts at most 8 batches even when every batch
 // rises above its list (candidates in ascending order); more go to the radix route.
 constexpr int kFewWinnersMaxKept = 8 * kThreadsPerBlock;
@@ -68,7 +68,7 @@ __device__ __forceinline__ uint64_t KeepOf(uint64_t mine, uint64_t other, bool k
   return (other > mine) == keep_larger ? other : mine;
 }
 
-// Sorts one item a lane descending over the warp (lane 0 the largest).
+// Sorts one item per lane descending over the warp (lane 0 the largest).
 __device__ __forceinline__ uint64_t SortWarpDescending(uint64_t item) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
 #pragma unroll
