@@ -55,6 +55,6 @@ for shape in ${SHAPES:-small main}; do
 done
 for shape in ${SHAPES:-small main}; do
   echo "== $shape"
-  grep -A1 "^stamps " "$out/phases-$shape.log" | grep -v "^--"
+  grep -A2 "^stamps " "$out/phases-$shape.log" | grep -v "^--"
   grep "^| " "$out/phases-$shape.log"
 done

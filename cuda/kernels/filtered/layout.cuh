@@ -184,8 +184,9 @@ struct SharedStorage {
   uint32_t sample_largest;  // the largest sampled key of the job's row (0: none)
   uint2 bin_key_range;      // a crowded relative bin's (lowest, highest) key (GatherOneKeyBin)
 #if JAX_TOPK_FILTERED_PROBE
-  int probe;                      // the launch's ProbeFlag values (probe.cuh)
-  unsigned long long probe_last;  // thread 0's last phase stamp
+  int probe;                       // the launch's ProbeFlag values (probe.cuh)
+  unsigned long long probe_last;   // thread 0's last phase stamp
+  unsigned long long probe_start;  // the block's start (its lifetime, printed per launch)
 #endif
   union {  // a launch's mode: one or the other, never both
     QueueState queue;

@@ -68,6 +68,10 @@ enum ProbeCounter : int {
 __device__ unsigned long long g_probe_ns[kProbePhases];
 __device__ unsigned long long g_probe_counts[kProbeCounters];
 __device__ unsigned int g_probe_blocks_done;
+// The launch's block edges: the first start, the last start, the first end, the last end. The
+// firsts are kept complemented, so that a zeroed word and atomicMax serve both.
+__device__ unsigned long long g_probe_block_edges[4];
+__device__ unsigned long long g_probe_block_lifetimes;  // summed over the blocks
 #endif
 
 // Whether the launch asked for `flag` (always false outside the probe build).
@@ -87,6 +91,11 @@ __device__ __forceinline__ void ProbeStart(SharedStorage& s, int flags) {
   if (threadIdx.x == 0) {
     s.probe = flags;
     s.probe_last = GlobalTimerNs();
+    s.probe_start = s.probe_last;
+    if (flags & kProbeStamps) {
+      atomicMax(&g_probe_block_edges[0], ~s.probe_start);
+      atomicMax(&g_probe_block_edges[1], s.probe_start);
+    }
   }
 #else
   (void)s;
@@ -119,11 +128,17 @@ __device__ __forceinline__ void ProbeCount(SharedStorage& s, ProbeCounter counte
 #endif
 }
 
-// The block's exit: the last block of the launch prints the sums per row and clears them.
+// The block's exit: the last block of the launch prints the sums per row and clears them, and
+// where the blocks started and ended: the launch's time outside every block's stamps (its start
+// skew and its tail) is the gap between a call's device time and a block's summed phases.
 __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
 #if JAX_TOPK_FILTERED_PROBE
   ProbeStamp(s, kPhaseTail);
   if (threadIdx.x != 0 || !(s.probe & kProbeStamps)) return;
+  const unsigned long long end = GlobalTimerNs();
+  atomicMax(&g_probe_block_edges[2], ~end);
+  atomicMax(&g_probe_block_edges[3], end);
+  atomicAdd(&g_probe_block_lifetimes, end - s.probe_start);
   __threadfence();
   if (atomicAdd(&g_probe_blocks_done, 1u) != gridDim.x - 1) return;
   __threadfence();
@@ -149,6 +164,14 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
       counts[kCountGatheredBin], counts[kCountMarkedBin], counts[kCountDigitRank],
       counts[kCountTieBlock], counts[kCountTieBitmap], counts[kCountTieDigits],
       counts[kCountDenseRanks], counts[kCountBucketSpill], counts[kCountKept] / rows);
+  unsigned long long edges[4];
+  for (int e = 0; e < 4; ++e) edges[e] = atomicExch(&g_probe_block_edges[e], 0ull);
+  const unsigned long long first_start = ~edges[0];
+  printf(
+      "probe blocks=%u: starts over %.2f us, ends from %.2f to %.2f us after the first start, "
+      "lifetime %.2f us on average\n",
+      gridDim.x, (edges[1] - first_start) / 1e3, (~edges[2] - first_start) / 1e3,
+      (edges[3] - first_start) / 1e3, atomicExch(&g_probe_block_lifetimes, 0ull) / 1e3 / gridDim.x);
 #else
   (void)s;
 #endif
