@@ -177,11 +177,12 @@ __device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int
 }
 
 // Rank order of at most kWarpSortItems winners, in place in s.work.selected, by the first warp
-// alone (no block barriers): a bitonic network over 64-bit (key, reversed column) composites, two a
-// lane, whose partners are the lane's other register or a shuffle away; none when they are in rank
-// order already. The block's radix sort would take its passes over all kMaxK slots for a handful
-// of winners (top_k's k = 50, say).
+// alone (no block barriers): each half of the 64-bit (key, reversed column) composites, one a
+// lane, sorted by few_winners.cuh's warp network, then the two merged; nothing when they are in
+// rank order already. The block's radix sort would take its passes over all kMaxK slots for a
+// handful of winners (top_k's k = 50, say).
 constexpr int kWarpSortItems = 2 * kWarpSize;
+static_assert(kWarpSortItems == kFewWinnersMaxK, "one few-winners list");
 
 __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -199,25 +200,11 @@ __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
   if (__all_sync(kFullMask, item[0] >= (last_lane ? second_first : down[0]) &&
                                 (last_lane || item[1] >= down[1])))
     return;
-#pragma unroll
-  for (int size = 2; size <= kWarpSortItems; size <<= 1) {  // descending overall
-#pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      if (stride == kWarpSize) {  // partners in this lane's two registers
-        const uint64_t high = max(item[0], item[1]);
-        item[1] = min(item[0], item[1]);
-        item[0] = high;
-        continue;
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint64_t other = __shfl_xor_sync(kFullMask, item[r], stride);
-        const bool lower = (lane & stride) == 0;
-        const bool descending = ((r * kWarpSize + lane) & size) == 0;
-        item[r] = lower == descending ? max(item[r], other) : min(item[r], other);
-      }
-    }
-  }
+  // Descending first half, ascending second half: a bitonic list of 64, which one merge sorts.
+  const uint64_t second = SortWarpDescending(item[1]);
+  item[0] = SortWarpDescending(item[0]);
+  item[1] = __shfl_sync(kFullMask, second, kWarpSize - 1 - lane);
+  MergeBitonicDescending(item);
   __syncwarp();  // every lane has read its items
   PutRankComposites(s, item, m);
 }
