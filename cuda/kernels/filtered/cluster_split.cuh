@@ -160,6 +160,7 @@ __device__ __forceinline__ void FindClusterRank(SharedStorage& s, const cg::clus
     const bool bin_above = lane < holder;
     const uint32_t before_above = __reduce_add_sync(kFullMask, bin_above ? before : 0u);
     const uint32_t own_above = __reduce_add_sync(kFullMask, bin_above ? own : 0u);
+    __syncwarp();  // every lane has read s.cluster.kth_bin before the holder rewrites it
     if (lane == holder) {
       const uint32_t bin = static_cast<uint32_t>(super * kWarpSize + kWarpSize - 1 - lane);
       s.cluster.kth_bin = {bin, s.cluster.kth_bin.above + above, in_bin};
