@@ -206,11 +206,11 @@ TARGETS = [
         "bf16",
         "one row per block in one wave: the sample (~5 us of cold loads and histograms), the "
         "selection and the blocks' uneven ends (the last 4.6 us after the average on an H100) are "
-        "exposed; with no selection at all the H100's rows take 1.31x (NOTES 'Where [256, "
-        "152064]'s time outside the stamps goes'), so it needs the sample hidden and an even "
-        "tail; k <= 64 by sorted lists took 4.6 us off on an H100 (NOTES 'Few winners'; not yet "
-        "timed on the H200, ~1.6x expected); a rising cutoff in place of the sample lost (NOTES "
-        "'A rising-cutoff route'), and so did the sample's fine digit by ballots",
+        "exposed; on an H100 even no selection leaves 1.31x (NOTES 'Where [256, 152064]'s time "
+        "outside the stamps goes'), so the sample and the tail must shrink too (not measured on "
+        "the H200); k <= 64 by sorted lists took 4.6 us off on an H100 (NOTES 'Few winners'; "
+        "not yet timed on the H200, ~1.6x expected); a rising cutoff in place of the sample lost "
+        "(NOTES 'A rising-cutoff route'), and so did the sample's fine digit by ballots",
     ),
     *sampling_targets(
         "float32",
