@@ -181,8 +181,7 @@ __device__ __forceinline__ void SortByRank(SharedStorage& s, KeyRange range, int
 // lane, sorted by few_winners.cuh's warp network, then the two merged; nothing when they are in
 // rank order already. The block's radix sort would take its passes over all kMaxK slots for a
 // handful of winners (top_k's k = 50, say).
-constexpr int kWarpSortItems = 2 * kWarpSize;
-static_assert(kWarpSortItems == kFewWinnersMaxK, "one few-winners list");
+constexpr int kWarpSortItems = kFewWinnersMaxK;  // one few-winners list: two items a lane
 
 __device__ __forceinline__ void SortFewByRank(SharedStorage& s, int m) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
