@@ -210,7 +210,9 @@ TARGETS = [
         "outside the stamps goes'), so the sample and the tail must shrink too (not measured on "
         "the H200); k <= 64 by sorted lists took 4.6 us off on an H100 (NOTES 'Few winners'; "
         "not yet timed on the H200, ~1.6x expected); a rising cutoff in place of the sample lost "
-        "(NOTES 'A rising-cutoff route'), and so did the sample's fine digit by ballots",
+        "(NOTES 'A rising-cutoff route'), and so did the sample's fine digit by ballots; parts "
+        "of rows that early blocks take from late ones are built on branch row-parts, not yet run "
+        "(NOTES 'Row parts')",
     ),
     *sampling_targets(
         "float32",
