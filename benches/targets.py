@@ -211,8 +211,9 @@ TARGETS = [
         "the H200); k <= 64 by sorted lists took 4.6 us off on an H100 (NOTES 'Few winners'; "
         "not yet timed on the H200, ~1.6x expected); a rising cutoff in place of the sample lost "
         "(NOTES 'A rising-cutoff route'), and so did the sample's fine digit by ballots; parts "
-        "of rows that early blocks take from late ones were exact but 43 % slower on an H100 (each "
-        "part's restart and claim ~2.5 us; no block took another row's part; NOTES 'Row parts')",
+        "of rows that early blocks take from late ones were exact but 42-43 % slower on an H100 "
+        "(each part's restart and claim ~2.5 us; almost no part taken by another block; NOTES "
+        "'Row parts')",
     ),
     *sampling_targets(
         "float32",
