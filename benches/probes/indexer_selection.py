@@ -1,9 +1,10 @@
 """Where issue 15's selection goes at the indexer's few-row shapes: topk_filtered of float32 rows
 (128 x 65536 and 32 x 131072, k = 2048, full lengths) timed split (the default plan) and with a
 block a row (JAX_TOPK_FILTERED_SPLIT=off, read at each launch), then stamped once each way
-(JAX_TOPK_FILTERED_PROBE=2: the kernel's last block prints its phases; the split kernel's line
-gives only its blocks' edges). Indexer_topk at 128 x
-65536 must select in <= 21.4 us inside the op (benches/NOTES.md "Where indexer_topk's time goes").
+(JAX_TOPK_FILTERED_PROBE=2: the kernel's last block prints its phases; a split launch's means
+are per part, its "claim" the cluster's exchange and rank search, or the merge into part 0).
+Indexer_topk at 128 x 65536 must select in <= 21.4 us inside the op (benches/NOTES.md "Where
+indexer_topk's time goes").
 Run on the GPU from the repo root of a probe build (CMake option JAX_TOPK_FILTERED_PROBE):
 python -m benches.probes.indexer_selection"""
 

@@ -35,7 +35,9 @@ enum ProbePhase : int {
   kPhaseSampleLoads,   // the sample's loads, as warp 0 waits for its own
   kPhaseSampleCoarse,  // the sample's first histogram and search (and the other warps' loads)
   kPhaseSample,        // the sample's second histogram and search (the cutoffs)
-  kPhaseClaim,         // the queue's next row (its claim and length) after the sample
+  kPhaseClaim,         // the queue's next row (its claim and length) after the sample; in a
+                       // split row, the cluster's tallies, histograms and rank search, or the
+                       // merge into part 0
   kPhasePass,          // every filtering pass of the row
   kPhaseSelect,        // the k-th key and the tie quota over the candidates
   kPhasePut,           // winners marked or gathered
@@ -60,7 +62,9 @@ enum ProbeCounter : int {
   kCountTieDigits,    // tie quota by three radix digits
   kCountBucketSpill,  // sorted rows whose rank-order buckets overflowed to the radix sort
   kCountDenseRanks,   // sorted rows whose buckets took dense key ranks
-  kCountKept,         // candidates of the band taken, summed over rows
+  kCountKept,         // candidates of the band taken, summed over rows (split rows: parts)
+  kCountSettled,      // parts of split rows settled by the cluster's rank (FinishSettledRow)
+  kCountMerged,       // parts of split rows whose candidates were merged into part 0
   kProbeCounters
 };
 
@@ -154,7 +158,7 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
       "select %.2f put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu "
       "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu, marked %llu) "
       "digits %llu; ties block %llu bitmap %llu digits %llu; dense-rank buckets %llu, spills "
-      "%llu; kept/row %.0f\n",
+      "%llu; kept/row %.0f; split parts settled %llu, merged %llu\n",
       gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3,
       ns[kPhaseSampleLoads] / rows / 1e3, ns[kPhaseSampleCoarse] / rows / 1e3,
       ns[kPhaseSample] / rows / 1e3, ns[kPhaseClaim] / rows / 1e3, ns[kPhasePass] / rows / 1e3,
@@ -163,7 +167,8 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
       counts[kCountExact], counts[kCountWarpRank], counts[kCountBlockRank], counts[kCountOneKeyBin],
       counts[kCountGatheredBin], counts[kCountMarkedBin], counts[kCountDigitRank],
       counts[kCountTieBlock], counts[kCountTieBitmap], counts[kCountTieDigits],
-      counts[kCountDenseRanks], counts[kCountBucketSpill], counts[kCountKept] / rows);
+      counts[kCountDenseRanks], counts[kCountBucketSpill], counts[kCountKept] / rows,
+      counts[kCountSettled], counts[kCountMerged]);
   unsigned long long edges[4];
   for (int e = 0; e < 4; ++e) edges[e] = atomicExch(&g_probe_block_edges[e], 0ull);
   const unsigned long long first_start = ~edges[0];
