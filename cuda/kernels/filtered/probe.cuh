@@ -76,6 +76,7 @@ __device__ unsigned int g_probe_blocks_done;
 // firsts are kept complemented, so that a zeroed word and atomicMax serve both.
 __device__ unsigned long long g_probe_block_edges[4];
 __device__ unsigned long long g_probe_block_lifetimes;  // summed over the blocks
+__device__ unsigned long long g_probe_block_cycles;     // SM clock cycles, summed over the blocks
 #endif
 
 // Whether the launch asked for `flag` (always false outside the probe build).
@@ -96,6 +97,7 @@ __device__ __forceinline__ void ProbeStart(SharedStorage& s, int flags) {
     s.probe = flags;
     s.probe_last = GlobalTimerNs();
     s.probe_start = s.probe_last;
+    s.probe_start_cycles = clock64();
     if (flags & kProbeStamps) {
       atomicMax(&g_probe_block_edges[0], ~s.probe_start);
       atomicMax(&g_probe_block_edges[1], s.probe_start);
@@ -143,6 +145,8 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   atomicMax(&g_probe_block_edges[2], ~end);
   atomicMax(&g_probe_block_edges[3], end);
   atomicAdd(&g_probe_block_lifetimes, end - s.probe_start);
+  atomicAdd(&g_probe_block_cycles,
+            static_cast<unsigned long long>(clock64() - s.probe_start_cycles));
   __threadfence();
   if (atomicAdd(&g_probe_blocks_done, 1u) != gridDim.x - 1) return;
   __threadfence();
@@ -172,11 +176,15 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   unsigned long long edges[4];
   for (int e = 0; e < 4; ++e) edges[e] = atomicExch(&g_probe_block_edges[e], 0ull);
   const unsigned long long first_start = ~edges[0];
+  const unsigned long long lifetimes = atomicExch(&g_probe_block_lifetimes, 0ull);
+  const unsigned long long cycles = atomicExch(&g_probe_block_cycles, 0ull);
+  // The SM clock over the blocks' lifetimes: whether a slower launch ran at a lower clock.
   printf(
       "probe blocks=%u: starts over %.2f us, ends from %.2f to %.2f us after the first start, "
-      "lifetime %.2f us on average\n",
+      "lifetime %.2f us on average, SM clock %.0f MHz\n",
       gridDim.x, (edges[1] - first_start) / 1e3, (~edges[2] - first_start) / 1e3,
-      (edges[3] - first_start) / 1e3, atomicExch(&g_probe_block_lifetimes, 0ull) / 1e3 / gridDim.x);
+      (edges[3] - first_start) / 1e3, lifetimes / 1e3 / gridDim.x,
+      lifetimes > 0 ? 1e3 * static_cast<double>(cycles) / static_cast<double>(lifetimes) : 0.0);
 #else
   (void)s;
 #endif
