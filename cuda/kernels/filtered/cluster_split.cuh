@@ -230,6 +230,8 @@ __device__ __forceinline__ void FinishSettledRow(SharedStorage& s, const Filtere
   ClearHistogram(s);
   RankClusterBoundary(s, cluster, parts, part, launch.problem.k);
   __syncthreads();
+  ProbeStamp(s, kPhaseSelect);
+  ProbeCount(s, kCountSettled);
   cluster.barrier_arrive();  // done reading the other parts' shared memory
   const Wins wins{s.cluster.kth_key, s.cluster.column_limit};
   const int m = static_cast<int>(s.cluster.own_above + s.cluster.members_mine);
@@ -242,8 +244,10 @@ __device__ __forceinline__ void FinishSettledRow(SharedStorage& s, const Filtere
   } else {
     GatherWinners(s, mine, wins);
   }
+  ProbeStamp(s, kPhasePut);
   WriteWinners(s, launch.problem, m, first_slot, begin, span, by_bitmap, false);
   cluster.barrier_wait();  // no part leaves while another may still read its shared memory
+  ProbeStamp(s, kPhaseWrite);
 }
 
 // The part holding merged entry `entry` (s.cluster.part_offset is non-decreasing).
@@ -296,9 +300,12 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     if (part == 0) RunRow<Elements>(s, launch, kRankSlack, [] {});
     return;
   }
+  ProbeStamp(s, kPhaseQueue);
+  ProbeCount(s, kCountRows);  // a part: the probe's means are per block of a split row
   const int begin = PartBegin(s.job.length, part, parts);
   const int end = PartBegin(s.job.length, part + 1, parts);
   SampleJobCutoffs<Elements>(s, problem, kRankSlack, begin, end);  // the same cutoffs in every part
+  ProbeStamp(s, kPhaseSample);
   const typename Elements::Storage* row = JobScores<Elements>(s, problem);
   const CandidateSink sink{kSharedCandidates, WorkerSlice(launch), launch.slice_entries};
   Route route = Route::kPrimary;  // a band: kPrimary, then kSecondary
@@ -307,6 +314,9 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
   for (;; route = Route::kSecondary) {
     cutoff = RouteCutoff(s.job, route);
     const int kept = FilterColumns<Elements>(s, row, begin, end, KeepThreshold(cutoff), sink);
+    ProbeStamp(s, kPhasePass);
+    ProbeCount(s, kCountKept, kept);
+    if (route == Route::kSecondary) ProbeCount(s, kCountSecondary);
     if (threadIdx.x == 0) s.cluster.boundary_count = 0;
     if (threadIdx.x < kSuperBins)
       s.cluster.super_sum[threadIdx.x] = s.cluster.super_before[threadIdx.x] = 0;
@@ -325,6 +335,7 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
                  !KeepsAll(cutoff);
     if (relative && !s.cluster.overflow && s.cluster.total >= static_cast<uint32_t>(problem.k)) {
       FindClusterRank(s, cluster, parts, part, static_cast<uint32_t>(problem.k));
+      ProbeStamp(s, kPhaseClaim);
       // Not the edge bins here: a crowded edge bin (the one that matters) is never a warp's.
       if (RelativeBins::Settles(s.cluster.kth_bin, /*edges=*/false)) {
         FinishSettledRow(s, launch, cluster, parts, part, begin, end, mine, bins);
@@ -349,7 +360,9 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
   if (merged) {
     if (part == 0) MergeIntoPartZero(s, cluster, parts);
     cluster.sync();  // no part leaves while part 0 reads its candidates
+    ProbeCount(s, kCountMerged);
   }
+  ProbeStamp(s, kPhaseClaim);
   if (part != 0) return;
   int m;
   if (merged) {
@@ -359,6 +372,7 @@ __device__ __forceinline__ void RunClusterPart(SharedStorage& s, const FilteredL
     m = SelectJobRow<Elements>(s, launch, s.cluster.overflow || short_of_k ? Route::kExact : route);
   }
   WriteRow(s, problem, m);
+  ProbeStamp(s, kPhaseWrite);
 }
 
 #endif  // JAX_TOPK_HAS_CLUSTERS

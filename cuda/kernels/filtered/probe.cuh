@@ -35,7 +35,9 @@ enum ProbePhase : int {
   kPhaseSampleLoads,   // the sample's loads, as warp 0 waits for its own
   kPhaseSampleCoarse,  // the sample's first histogram and search (and the other warps' loads)
   kPhaseSample,        // the sample's second histogram and search (the cutoffs)
-  kPhaseClaim,         // the queue's next row (its claim and length) after the sample
+  kPhaseClaim,         // the queue's next row (its claim and length) after the sample; in a
+                       // split row, the cluster's tallies, histograms and rank search, or the
+                       // merge into part 0
   kPhasePass,          // every filtering pass of the row
   kPhaseSelect,        // the k-th key and the tie quota over the candidates
   kPhasePut,           // winners marked or gathered
@@ -60,7 +62,9 @@ enum ProbeCounter : int {
   kCountTieDigits,    // tie quota by three radix digits
   kCountBucketSpill,  // sorted rows whose rank-order buckets overflowed to the radix sort
   kCountDenseRanks,   // sorted rows whose buckets took dense key ranks
-  kCountKept,         // candidates of the band taken, summed over rows
+  kCountKept,         // candidates of the band taken, summed over rows (split rows: parts)
+  kCountSettled,      // parts of split rows settled by the cluster's rank (FinishSettledRow)
+  kCountMerged,       // parts of split rows whose candidates were merged into part 0
   kProbeCounters
 };
 
@@ -72,6 +76,7 @@ __device__ unsigned int g_probe_blocks_done;
 // firsts are kept complemented, so that a zeroed word and atomicMax serve both.
 __device__ unsigned long long g_probe_block_edges[4];
 __device__ unsigned long long g_probe_block_lifetimes;  // summed over the blocks
+__device__ unsigned long long g_probe_block_cycles;     // SM clock cycles, summed over the blocks
 #endif
 
 // Whether the launch asked for `flag` (always false outside the probe build).
@@ -92,6 +97,7 @@ __device__ __forceinline__ void ProbeStart(SharedStorage& s, int flags) {
     s.probe = flags;
     s.probe_last = GlobalTimerNs();
     s.probe_start = s.probe_last;
+    s.probe_start_cycles = clock64();
     if (flags & kProbeStamps) {
       atomicMax(&g_probe_block_edges[0], ~s.probe_start);
       atomicMax(&g_probe_block_edges[1], s.probe_start);
@@ -139,6 +145,8 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
   atomicMax(&g_probe_block_edges[2], ~end);
   atomicMax(&g_probe_block_edges[3], end);
   atomicAdd(&g_probe_block_lifetimes, end - s.probe_start);
+  atomicAdd(&g_probe_block_cycles,
+            static_cast<unsigned long long>(clock64() - s.probe_start_cycles));
   __threadfence();
   if (atomicAdd(&g_probe_blocks_done, 1u) != gridDim.x - 1) return;
   __threadfence();
@@ -154,7 +162,7 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
       "select %.2f put %.2f exact %.2f write %.2f tail(total) %.1f | rows: secondary %llu "
       "exact %llu; rank warp %llu block %llu one-key bin %llu (gathered %llu, marked %llu) "
       "digits %llu; ties block %llu bitmap %llu digits %llu; dense-rank buckets %llu, spills "
-      "%llu; kept/row %.0f\n",
+      "%llu; kept/row %.0f; split parts settled %llu, merged %llu\n",
       gridDim.x, counts[kCountRows], ns[kPhaseQueue] / rows / 1e3,
       ns[kPhaseSampleLoads] / rows / 1e3, ns[kPhaseSampleCoarse] / rows / 1e3,
       ns[kPhaseSample] / rows / 1e3, ns[kPhaseClaim] / rows / 1e3, ns[kPhasePass] / rows / 1e3,
@@ -163,15 +171,20 @@ __device__ __forceinline__ void ProbeFinish(SharedStorage& s) {
       counts[kCountExact], counts[kCountWarpRank], counts[kCountBlockRank], counts[kCountOneKeyBin],
       counts[kCountGatheredBin], counts[kCountMarkedBin], counts[kCountDigitRank],
       counts[kCountTieBlock], counts[kCountTieBitmap], counts[kCountTieDigits],
-      counts[kCountDenseRanks], counts[kCountBucketSpill], counts[kCountKept] / rows);
+      counts[kCountDenseRanks], counts[kCountBucketSpill], counts[kCountKept] / rows,
+      counts[kCountSettled], counts[kCountMerged]);
   unsigned long long edges[4];
   for (int e = 0; e < 4; ++e) edges[e] = atomicExch(&g_probe_block_edges[e], 0ull);
   const unsigned long long first_start = ~edges[0];
+  const unsigned long long lifetimes = atomicExch(&g_probe_block_lifetimes, 0ull);
+  const unsigned long long cycles = atomicExch(&g_probe_block_cycles, 0ull);
+  // The SM clock over the blocks' lifetimes: whether a slower launch ran at a lower clock.
   printf(
       "probe blocks=%u: starts over %.2f us, ends from %.2f to %.2f us after the first start, "
-      "lifetime %.2f us on average\n",
+      "lifetime %.2f us on average, SM clock %.0f MHz\n",
       gridDim.x, (edges[1] - first_start) / 1e3, (~edges[2] - first_start) / 1e3,
-      (edges[3] - first_start) / 1e3, atomicExch(&g_probe_block_lifetimes, 0ull) / 1e3 / gridDim.x);
+      (edges[3] - first_start) / 1e3, lifetimes / 1e3 / gridDim.x,
+      lifetimes > 0 ? 1e3 * static_cast<double>(cycles) / static_cast<double>(lifetimes) : 0.0);
 #else
   (void)s;
 #endif
