@@ -66,21 +66,21 @@ def main():
 
 
 def stamp_inside_the_op():
-    """The split selection stamped inside indexer_topk at 128 x 65536 and alone on logits of the
-    same shape (four sets in turn, 128 MB: not held in L2 between calls), 30 calls queued back to
-    back each (a stream of steps, whose clock a lone call may not see); the last call's lines
-    are printed."""
+    """The split selection stamped inside indexer_topk at 128 x 65536 (each call's logits, 32 MB,
+    written just before it) and alone on logits of the same shape (four sets in turn, 128 MB: not
+    held in L2 between calls), 30 calls queued back to back each (a stream of steps, whose clock
+    a lone call may not see); the last call's lines are printed."""
     shape = Shape("indexer_topk", "bfloat16", 128, 65536, 2048, "causal", heads=64, head_dim=128)
     sets = indexer.make_inputs(shape, 4, seed=0)
     logits_fn = jax.jit(lambda q, k, w, lens, s: jax_topk.indexer_logits(q, k, w, lens))
     topk_fn = jax.jit(lambda q, k, w, lens, s: jax_topk.indexer_topk(q, k, w, lens, k=2048))
     select_fn = jax.jit(lambda logits, lens: jax_topk.topk_filtered(logits, lens, k=2048))
+    set_plan(None)
     logits_sets = [(logits_fn(*inputs), inputs[3]) for inputs in sets]
     for name, fn, input_sets in (
         ("inside indexer_topk", topk_fn, sets),
         ("alone on logits", select_fn, logits_sets),
     ):
-        set_plan(None)
         jax.block_until_ready(fn(*input_sets[0]))  # compiled before the stamps
         set_plan(None, STAMPS)
         with tempfile.TemporaryFile("w+") as printed:

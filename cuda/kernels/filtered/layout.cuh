@@ -187,7 +187,7 @@ struct SharedStorage {
   int probe;                       // the launch's ProbeFlag values (probe.cuh)
   unsigned long long probe_last;   // thread 0's last phase stamp
   unsigned long long probe_start;  // the block's start (its lifetime, printed per launch)
-  long long probe_start_cycles;    // the SM's clock at the block's start (the mean clock rate)
+  long long probe_start_cycles;    // the SM's cycle count at the block's start
 #endif
   union {  // a launch's mode: one or the other, never both
     QueueState queue;

@@ -64,7 +64,7 @@ enum ProbeCounter : int {
   kCountDenseRanks,   // sorted rows whose buckets took dense key ranks
   kCountKept,         // candidates of the band taken, summed over rows (split rows: parts)
   kCountSettled,      // parts of split rows settled by the cluster's rank (FinishSettledRow)
-  kCountMerged,       // parts of split rows whose candidates were merged into part 0
+  kCountMerged,       // parts of split rows merged into part 0 (part 0 counted too)
   kProbeCounters
 };
 
