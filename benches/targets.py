@@ -297,9 +297,13 @@ TARGETS = [
             topk_over_logits("bfloat16", m, n),
             1.1,
             "x logits",
-            lead="the selection's ~31 us is fixed while the logits got faster; the fused "
-            "path's main pass costs 22-25 % over the logits kernel (NOTES 'fused indexer_topk "
-            "re-timed')",
+            lead="the split selection takes 33.6 us inside the op against 27.4 alone and must "
+            "reach ~21.4; on an H100 the op's selection runs at the same SM clock as alone, only "
+            "its loading phases slower (NOTES 'The selection inside indexer_topk, stamped'); its "
+            "parts spend 7.2 us on the queue and sample at 128 x 65536, twice a block alone on an "
+            "SM, and part 0 sampling alone lost (NOTES 'The split kernel's parts stamped'); the "
+            "fused path's main pass costs 22-25 % over the logits kernel (NOTES 'fused "
+            "indexer_topk re-timed')",
         )
         for m, n in PREFILL_SHAPES
     ],
